@@ -1,0 +1,18 @@
+//! edgehub: the on-device agent that keeps a node's DaemonSet pods upgradable with or without a
+//! link to the cloud.
+//!
+//! The crate is a library with a thin binary on top (`src/main.rs`). Data flows one way:
+//! apiserver → [`sync`] → [`store`] → the rest. Each module has one job:
+//!
+//! - [`config`]: file + env + flags → a validated [`config::Config`];
+//! - [`store`]: the SQLite cache, the only module that writes SQL;
+//! - [`kube`]: a small apiserver client (kubeconfig, rustls, typed requests, watch streams);
+//! - [`sync`]: reflectors that list/watch the apiserver into the store, and link health;
+//! - [`object`]: the few fields of a Kubernetes object the cache indexes.
+
+pub mod object;
+pub mod store;
+
+pub mod config {}
+pub mod kube {}
+pub mod sync {}

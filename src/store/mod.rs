@@ -1,0 +1,366 @@
+//! The SQLite cache: the only module that writes SQL.
+//!
+//! One file (default `/var/lib/edgehub/edgehub.db`), mode 0600, WAL, `synchronous=FULL`.
+//! Objects are kept as the raw JSON the apiserver sent, beside a few indexed columns
+//! ([`ObjectIndex`]). Writes happen only when an object really changed, because the device's
+//! flash wears out and the budget is ≤ 100 KiB/hour at steady state.
+//!
+//! A file that is corrupt, foreign or from a newer edgehub is never touched: [`Store::open`]
+//! fails with a [`StoreError`] that says what is wrong, and only an explicit
+//! [`OpenMode::ResetCache`] moves it aside.
+
+mod objects;
+mod schema;
+
+pub use objects::{ApplyStats, Change, StoredObject};
+pub use schema::{APPLICATION_ID, LATEST as SCHEMA_VERSION};
+
+use rusqlite::{Connection, OpenFlags};
+use std::fs::{File, OpenOptions};
+use std::io::Read;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database {path}: {reason}; it was left untouched (run `edgehub run --reset-cache` to move it aside and rebuild the cache from the apiserver)")]
+    Corrupt { path: PathBuf, reason: String },
+    #[error("database {path} belongs to another program (application_id {found:#x}); it was left untouched. Point data_dir elsewhere, or run `edgehub run --reset-cache` to move it aside")]
+    Foreign { path: PathBuf, found: i32 },
+    #[error("database {path} has schema version {found}, newer than this edgehub understands ({supported}); it was left untouched. Run a newer edgehub, or `edgehub run --reset-cache`")]
+    TooNew {
+        path: PathBuf,
+        found: i64,
+        supported: i64,
+    },
+    #[error("database {path} is locked by another process (is another edgehub running on this data dir?)")]
+    Locked { path: PathBuf },
+    #[error("database {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("database: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("object {kind} {namespace}/{name}: {reason}")]
+    BadObject {
+        kind: &'static str,
+        namespace: String,
+        name: String,
+        reason: String,
+    },
+}
+
+/// How [`Store::open`] treats the existing file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenMode {
+    /// Open it as it is; refuse anything suspicious.
+    Normal,
+    /// Start the cache over: a valid edgehub file has its cache tables emptied; a corrupt or
+    /// foreign file is renamed to `<name>.bad-<unix time>` (never deleted) and a new one made.
+    ResetCache,
+}
+
+/// The open database. Calls are short and synchronous; the mutex serializes them.
+pub struct Store {
+    conn: Mutex<Connection>,
+    path: PathBuf,
+    /// Held for the life of the store: an exclusive `flock` on `<db>.lock`, so two edgehubs
+    /// never share one database.
+    _lock: File,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("path", &self.path).finish()
+    }
+}
+
+impl Store {
+    /// Opens (or creates) the database at `path`, creating its directory with mode 0700.
+    pub fn open(path: &Path, mode: OpenMode) -> Result<Store, StoreError> {
+        let io = |source| StoreError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(io)?;
+        }
+        let lock = take_lock(path)?;
+
+        match (check_and_open(path), mode) {
+            (Ok(store_conn), OpenMode::Normal) => Ok(Store::new(store_conn, path, lock)),
+            (Ok(store_conn), OpenMode::ResetCache) => {
+                let store = Store::new(store_conn, path, lock);
+                store.clear_cache()?;
+                tracing::warn!(path = %path.display(), "cache reset: objects and cursors cleared");
+                Ok(store)
+            }
+            (
+                Err(
+                    e @ (StoreError::Corrupt { .. }
+                    | StoreError::Foreign { .. }
+                    | StoreError::TooNew { .. }),
+                ),
+                OpenMode::ResetCache,
+            ) => {
+                let aside = move_aside(path)?;
+                tracing::warn!(error = %e, moved_to = %aside.display(), "cache reset: unusable database moved aside");
+                Ok(Store::new(check_and_open(path)?, path, lock))
+            }
+            (Err(e), _) => Err(e),
+        }
+    }
+
+    fn new(conn: Connection, path: &Path, lock: File) -> Store {
+        Store {
+            conn: Mutex::new(conn),
+            path: path.to_path_buf(),
+            _lock: lock,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn conn(&self) -> MutexGuard<'_, Connection> {
+        // A poisoned mutex only means another thread panicked while holding it; SQLite's own
+        // transaction state is still consistent, so carry on with the connection.
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The stored resourceVersion of a watched resource, if any.
+    pub fn cursor(&self, resource: &str) -> Result<Option<String>, StoreError> {
+        objects::cursor(&self.conn(), resource)
+    }
+
+    /// Stores a cursor on its own (bookmarks); callers rate-limit this.
+    pub fn set_cursor(&self, resource: &str, rv: &str) -> Result<(), StoreError> {
+        objects::set_cursor(&self.conn(), resource, rv)
+    }
+
+    pub fn clear_cursor(&self, resource: &str) -> Result<(), StoreError> {
+        objects::clear_cursor(&self.conn(), resource)
+    }
+
+    /// Applies watch events of one kind; writes only what changed, with the cursor in the
+    /// same transaction. No change means no transaction and no disk write at all.
+    pub fn apply(
+        &self,
+        kind: crate::object::Kind,
+        changes: &[Change],
+        cursor: Option<(&str, &str)>,
+    ) -> Result<ApplyStats, StoreError> {
+        objects::apply(&mut self.conn(), kind, changes, cursor)
+    }
+
+    /// Replaces every object of `kind` with `items` in one transaction (after a list), deleting
+    /// rows the server no longer has, and stores the list's resourceVersion as the cursor.
+    pub fn replace_all(
+        &self,
+        kind: crate::object::Kind,
+        items: &[StoredObject],
+        cursor: (&str, &str),
+    ) -> Result<ApplyStats, StoreError> {
+        objects::replace_all(&mut self.conn(), kind, items, cursor)
+    }
+
+    pub fn get(
+        &self,
+        kind: crate::object::Kind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<StoredObject>, StoreError> {
+        objects::get(&self.conn(), kind, namespace, name)
+    }
+
+    pub fn list(&self, kind: crate::object::Kind) -> Result<Vec<StoredObject>, StoreError> {
+        objects::list(&self.conn(), kind)
+    }
+
+    pub fn count(&self, kind: crate::object::Kind) -> Result<u64, StoreError> {
+        objects::count(&self.conn(), kind)
+    }
+
+    fn clear_cache(&self) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        tx.execute_batch("DELETE FROM objects; DELETE FROM sync_cursors;")?;
+        tx.commit()?;
+        Ok(())
+    }
+}
+
+fn take_lock(path: &Path) -> Result<File, StoreError> {
+    let mut lock_path = path.as_os_str().to_owned();
+    lock_path.push(".lock");
+    let lock_path = PathBuf::from(lock_path);
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(&lock_path)
+        .map_err(|source| StoreError::Io {
+            path: lock_path.clone(),
+            source,
+        })?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Locked {
+            path: path.to_path_buf(),
+        }),
+        Err(std::fs::TryLockError::Error(source)) => Err(StoreError::Io {
+            path: lock_path,
+            source,
+        }),
+    }
+}
+
+/// Checks the file's header, identity, integrity and version, then migrates it.
+fn check_and_open(path: &Path) -> Result<Connection, StoreError> {
+    let io = |source| StoreError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let corrupt = |reason: String| StoreError::Corrupt {
+        path: path.to_path_buf(),
+        reason,
+    };
+    // Create the file ourselves so it is 0600 from its first byte; SQLite gives the -wal and
+    // -shm files the same mode as the database.
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)
+        .map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    if meta.permissions().mode() & 0o077 != 0 {
+        tracing::warn!(path = %path.display(), mode = format_args!("{:o}", meta.permissions().mode() & 0o777), "database was readable by others; setting mode 0600");
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(io)?;
+    }
+    if meta.len() > 0 {
+        let mut header = [0u8; 16];
+        let n = read_up_to(&mut file, &mut header).map_err(io)?;
+        if n < header.len() || &header != SQLITE_MAGIC {
+            return Err(corrupt("not an SQLite database (bad header)".into()));
+        }
+    }
+    drop(file);
+
+    let mut conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| classify(path, e))?;
+    conn.busy_timeout(Duration::from_secs(2))?;
+
+    let check: String = conn
+        .query_row("PRAGMA quick_check(1)", [], |r| r.get(0))
+        .map_err(|e| classify(path, e))?;
+    if check != "ok" {
+        return Err(corrupt(format!("integrity check failed: {check}")));
+    }
+
+    let app_id = schema::application_id(&conn).map_err(|e| classify(path, e))?;
+    let version = schema::user_version(&conn).map_err(|e| classify(path, e))?;
+    let fresh = app_id == 0
+        && version == 0
+        && schema::schema_object_count(&conn).map_err(|e| classify(path, e))? == 0;
+    if !fresh && app_id != schema::APPLICATION_ID {
+        return Err(StoreError::Foreign {
+            path: path.to_path_buf(),
+            found: app_id,
+        });
+    }
+    if version > schema::LATEST {
+        return Err(StoreError::TooNew {
+            path: path.to_path_buf(),
+            found: version,
+            supported: schema::LATEST,
+        });
+    }
+
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+        .map_err(|e| classify(path, e))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(corrupt(format!(
+            "cannot switch to WAL (journal_mode={mode})"
+        )));
+    }
+    conn.execute_batch("PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;")
+        .map_err(|e| classify(path, e))?;
+    schema::migrate(&mut conn).map_err(|e| classify(path, e))?;
+    Ok(conn)
+}
+
+fn read_up_to(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match file.read(&mut buf[n..])? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    Ok(n)
+}
+
+/// Maps SQLite's codes to the errors a person can act on.
+fn classify(path: &Path, e: rusqlite::Error) -> StoreError {
+    use rusqlite::ErrorCode::*;
+    match e.sqlite_error_code() {
+        Some(DatabaseCorrupt | NotADatabase) => StoreError::Corrupt {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        },
+        Some(DatabaseBusy | DatabaseLocked) => StoreError::Locked {
+            path: path.to_path_buf(),
+        },
+        _ => StoreError::Sqlite(e),
+    }
+}
+
+/// Renames the database and its WAL/SHM files to `<name>.bad-<unix time>[-wal|-shm]`.
+fn move_aside(path: &Path) -> Result<PathBuf, StoreError> {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let mut aside = path.as_os_str().to_owned();
+    aside.push(format!(".bad-{secs}"));
+    let aside = PathBuf::from(aside);
+    for suffix in ["", "-wal", "-shm"] {
+        let mut from = path.as_os_str().to_owned();
+        from.push(suffix);
+        let mut to = aside.as_os_str().to_owned();
+        to.push(suffix);
+        match std::fs::rename(&from, &to) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(StoreError::Io {
+                    path: PathBuf::from(from),
+                    source,
+                })
+            }
+        }
+    }
+    Ok(aside)
+}
+
+#[cfg(test)]
+mod tests;

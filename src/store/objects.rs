@@ -1,0 +1,290 @@
+//! Typed queries over the `objects` and `sync_cursors` tables.
+
+use super::StoreError;
+use crate::object::{Kind, ObjectIndex};
+use rusqlite::{params, Connection, OptionalExtension, Row};
+use std::collections::HashSet;
+
+/// One cached object: its index columns and the raw JSON exactly as the apiserver sent it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredObject {
+    pub index: ObjectIndex,
+    pub raw: String,
+}
+
+impl StoredObject {
+    /// Indexes `raw` as an object of `kind`.
+    pub fn from_raw(kind: Kind, raw: String) -> Result<StoredObject, crate::object::ObjectError> {
+        Ok(StoredObject {
+            index: ObjectIndex::from_raw(kind, &raw)?,
+            raw,
+        })
+    }
+}
+
+/// One change from a watch stream.
+#[derive(Debug, Clone)]
+pub enum Change {
+    Upsert(StoredObject),
+    Delete { namespace: String, name: String },
+}
+
+/// What a write did; `written == 0 && deleted == 0` means the disk was not touched.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ApplyStats {
+    pub written: usize,
+    pub deleted: usize,
+    pub unchanged: usize,
+}
+
+impl ApplyStats {
+    pub fn touched(&self) -> bool {
+        self.written + self.deleted > 0
+    }
+}
+
+const COLUMNS: &str =
+    "kind, namespace, name, uid, resource_version, owner_uid, owner_kind, revision_hash, revision, raw";
+
+fn row_to_object(row: &Row<'_>) -> rusqlite::Result<(String, StoredObject)> {
+    let kind: String = row.get(0)?;
+    let index = ObjectIndex {
+        // Placeholder, fixed up by the caller, which knows which kinds are valid.
+        kind: Kind::Pod,
+        namespace: row.get(1)?,
+        name: row.get(2)?,
+        uid: row.get(3)?,
+        resource_version: row.get(4)?,
+        owner_uid: row.get(5)?,
+        owner_kind: row.get(6)?,
+        revision_hash: row.get(7)?,
+        revision: row.get(8)?,
+    };
+    Ok((
+        kind,
+        StoredObject {
+            index,
+            raw: row.get(9)?,
+        },
+    ))
+}
+
+fn fix_kind((kind, mut obj): (String, StoredObject)) -> Result<StoredObject, StoreError> {
+    obj.index.kind = Kind::parse(&kind).ok_or_else(|| StoreError::BadObject {
+        kind: "?",
+        namespace: obj.index.namespace.clone(),
+        name: obj.index.name.clone(),
+        reason: format!("unknown kind {kind:?} in the objects table"),
+    })?;
+    Ok(obj)
+}
+
+pub fn get(
+    conn: &Connection,
+    kind: Kind,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<StoredObject>, StoreError> {
+    let sql =
+        format!("SELECT {COLUMNS} FROM objects WHERE kind = ?1 AND namespace = ?2 AND name = ?3");
+    conn.prepare_cached(&sql)?
+        .query_row(params![kind.as_str(), namespace, name], row_to_object)
+        .optional()?
+        .map(fix_kind)
+        .transpose()
+}
+
+pub fn list(conn: &Connection, kind: Kind) -> Result<Vec<StoredObject>, StoreError> {
+    let sql = format!("SELECT {COLUMNS} FROM objects WHERE kind = ?1 ORDER BY namespace, name");
+    let mut stmt = conn.prepare_cached(&sql)?;
+    let rows = stmt.query_map(params![kind.as_str()], row_to_object)?;
+    rows.map(|r| fix_kind(r?)).collect()
+}
+
+pub fn count(conn: &Connection, kind: Kind) -> Result<u64, StoreError> {
+    let n: i64 = conn
+        .prepare_cached("SELECT count(*) FROM objects WHERE kind = ?1")?
+        .query_row(params![kind.as_str()], |r| r.get(0))?;
+    Ok(n.max(0) as u64)
+}
+
+pub fn cursor(conn: &Connection, resource: &str) -> Result<Option<String>, StoreError> {
+    Ok(conn
+        .prepare_cached("SELECT resource_version FROM sync_cursors WHERE resource = ?1")?
+        .query_row(params![resource], |r| r.get(0))
+        .optional()?)
+}
+
+pub fn set_cursor(conn: &Connection, resource: &str, rv: &str) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO sync_cursors (resource, resource_version) VALUES (?1, ?2)
+         ON CONFLICT (resource) DO UPDATE SET resource_version = excluded.resource_version
+         WHERE resource_version != excluded.resource_version",
+    )?
+    .execute(params![resource, rv])?;
+    Ok(())
+}
+
+pub fn clear_cursor(conn: &Connection, resource: &str) -> Result<(), StoreError> {
+    conn.prepare_cached("DELETE FROM sync_cursors WHERE resource = ?1")?
+        .execute(params![resource])?;
+    Ok(())
+}
+
+/// The stored resourceVersion and raw JSON of one object, for change detection.
+fn current(
+    conn: &Connection,
+    kind: Kind,
+    namespace: &str,
+    name: &str,
+) -> rusqlite::Result<Option<(String, String)>> {
+    conn.prepare_cached(
+        "SELECT resource_version, raw FROM objects WHERE kind = ?1 AND namespace = ?2 AND name = ?3",
+    )?
+    .query_row(params![kind.as_str(), namespace, name], |r| {
+        Ok((r.get(0)?, r.get(1)?))
+    })
+    .optional()
+}
+
+fn upsert(conn: &Connection, obj: &StoredObject) -> rusqlite::Result<()> {
+    let ix = &obj.index;
+    conn.prepare_cached(
+        "INSERT INTO objects (kind, namespace, name, uid, resource_version, owner_uid, owner_kind,
+                              revision_hash, revision, raw)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+         ON CONFLICT (kind, namespace, name) DO UPDATE SET
+            uid = excluded.uid, resource_version = excluded.resource_version,
+            owner_uid = excluded.owner_uid, owner_kind = excluded.owner_kind,
+            revision_hash = excluded.revision_hash, revision = excluded.revision,
+            raw = excluded.raw",
+    )?
+    .execute(params![
+        ix.kind.as_str(),
+        ix.namespace,
+        ix.name,
+        ix.uid,
+        ix.resource_version,
+        ix.owner_uid,
+        ix.owner_kind,
+        ix.revision_hash,
+        ix.revision,
+        obj.raw
+    ])?;
+    Ok(())
+}
+
+fn delete(conn: &Connection, kind: Kind, namespace: &str, name: &str) -> rusqlite::Result<usize> {
+    conn.prepare_cached("DELETE FROM objects WHERE kind = ?1 AND namespace = ?2 AND name = ?3")?
+        .execute(params![kind.as_str(), namespace, name])
+}
+
+fn is_unchanged(conn: &Connection, obj: &StoredObject) -> rusqlite::Result<bool> {
+    let ix = &obj.index;
+    Ok(matches!(
+        current(conn, ix.kind, &ix.namespace, &ix.name)?,
+        Some((rv, raw)) if rv == ix.resource_version && raw == obj.raw
+    ))
+}
+
+pub fn apply(
+    conn: &mut Connection,
+    kind: Kind,
+    changes: &[Change],
+    cursor: Option<(&str, &str)>,
+) -> Result<ApplyStats, StoreError> {
+    // Decide first, outside any write transaction, so that no-op events cost no disk write.
+    let mut stats = ApplyStats::default();
+    let mut todo = Vec::with_capacity(changes.len());
+    for change in changes {
+        match change {
+            Change::Upsert(obj) => {
+                if obj.index.kind != kind {
+                    return Err(mismatch(kind, obj));
+                }
+                if is_unchanged(conn, obj)? {
+                    stats.unchanged += 1;
+                } else {
+                    todo.push(change);
+                }
+            }
+            Change::Delete { namespace, name } => {
+                if current(conn, kind, namespace, name)?.is_some() {
+                    todo.push(change);
+                } else {
+                    stats.unchanged += 1;
+                }
+            }
+        }
+    }
+    if todo.is_empty() {
+        return Ok(stats);
+    }
+    let tx = conn.transaction()?;
+    for change in todo {
+        match change {
+            Change::Upsert(obj) => {
+                upsert(&tx, obj)?;
+                stats.written += 1;
+            }
+            Change::Delete { namespace, name } => {
+                stats.deleted += delete(&tx, kind, namespace, name)?;
+            }
+        }
+    }
+    if let Some((resource, rv)) = cursor {
+        set_cursor(&tx, resource, rv)?;
+    }
+    tx.commit()?;
+    Ok(stats)
+}
+
+pub fn replace_all(
+    conn: &mut Connection,
+    kind: Kind,
+    items: &[StoredObject],
+    (resource, rv): (&str, &str),
+) -> Result<ApplyStats, StoreError> {
+    let mut stats = ApplyStats::default();
+    let tx = conn.transaction()?;
+    let mut keep: HashSet<(&str, &str)> = HashSet::with_capacity(items.len());
+    for obj in items {
+        if obj.index.kind != kind {
+            return Err(mismatch(kind, obj));
+        }
+        keep.insert((&obj.index.namespace, &obj.index.name));
+        if is_unchanged(&tx, obj)? {
+            stats.unchanged += 1;
+        } else {
+            upsert(&tx, obj)?;
+            stats.written += 1;
+        }
+    }
+    let stale: Vec<(String, String)> = {
+        let mut stmt = tx.prepare_cached("SELECT namespace, name FROM objects WHERE kind = ?1")?;
+        let rows = stmt.query_map(params![kind.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        let mut stale = Vec::new();
+        for row in rows {
+            let (ns, name): (String, String) = row?;
+            if !keep.contains(&(ns.as_str(), name.as_str())) {
+                stale.push((ns, name));
+            }
+        }
+        stale
+    };
+    for (ns, name) in &stale {
+        stats.deleted += delete(&tx, kind, ns, name)?;
+    }
+    set_cursor(&tx, resource, rv)?;
+    tx.commit()?;
+    Ok(stats)
+}
+
+fn mismatch(kind: Kind, obj: &StoredObject) -> StoreError {
+    StoreError::BadObject {
+        kind: obj.index.kind.as_str(),
+        namespace: obj.index.namespace.clone(),
+        name: obj.index.name.clone(),
+        reason: format!("applied as {kind}"),
+    }
+}

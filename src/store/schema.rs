@@ -1,0 +1,63 @@
+//! Schema and migrations, numbered by `PRAGMA user_version`.
+//!
+//! Each entry of [`MIGRATIONS`] moves the schema from version `i` to `i + 1` and runs in one
+//! transaction with the `user_version` bump, so a power cut leaves the file at one version or
+//! the next, never between.
+
+use rusqlite::Connection;
+
+/// `PRAGMA application_id` of an edgehub database ("EDGH"). A non-zero id that differs means
+/// the file belongs to some other program, and we refuse to touch it.
+pub const APPLICATION_ID: i32 = 0x4544_4748;
+
+const MIGRATIONS: &[&str] = &[
+    // 0 -> 1: the object cache and sync cursors.
+    "CREATE TABLE objects (
+        kind             TEXT NOT NULL,
+        namespace        TEXT NOT NULL,
+        name             TEXT NOT NULL,
+        uid              TEXT NOT NULL,
+        resource_version TEXT NOT NULL,
+        owner_uid        TEXT,
+        owner_kind       TEXT,
+        revision_hash    TEXT,
+        revision         INTEGER,
+        raw              TEXT NOT NULL,
+        PRIMARY KEY (kind, namespace, name)
+    ) WITHOUT ROWID;
+    CREATE INDEX objects_by_uid ON objects (uid);
+    CREATE INDEX objects_by_owner ON objects (kind, owner_uid);
+    CREATE TABLE sync_cursors (
+        resource         TEXT PRIMARY KEY NOT NULL,
+        resource_version TEXT NOT NULL
+    ) WITHOUT ROWID;",
+];
+
+/// The schema version this binary writes.
+pub const LATEST: i64 = MIGRATIONS.len() as i64;
+
+pub fn user_version(conn: &Connection) -> rusqlite::Result<i64> {
+    conn.query_row("PRAGMA user_version", [], |r| r.get(0))
+}
+
+pub fn application_id(conn: &Connection) -> rusqlite::Result<i32> {
+    conn.query_row("PRAGMA application_id", [], |r| r.get(0))
+}
+
+/// Number of schema objects; zero means a brand-new, empty file.
+pub fn schema_object_count(conn: &Connection) -> rusqlite::Result<i64> {
+    conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
+}
+
+/// Applies every migration above the file's current version.
+pub fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
+    let current = user_version(conn)?;
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(current.max(0) as usize) {
+        let tx = conn.transaction()?;
+        tx.execute_batch(sql)?;
+        tx.pragma_update(None, "application_id", APPLICATION_ID)?;
+        tx.pragma_update(None, "user_version", (i + 1) as i64)?;
+        tx.commit()?;
+    }
+    Ok(())
+}

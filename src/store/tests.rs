@@ -1,0 +1,285 @@
+use super::*;
+use crate::object::Kind;
+use std::os::unix::fs::PermissionsExt;
+
+fn pod(name: &str, rv: &str) -> StoredObject {
+    let raw = format!(
+        r#"{{"metadata":{{"name":"{name}","namespace":"ns","uid":"uid-{name}","resourceVersion":"{rv}"}}}}"#
+    );
+    StoredObject::from_raw(Kind::Pod, raw).unwrap()
+}
+
+fn db() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sub/edgehub.db");
+    (dir, path)
+}
+
+#[test]
+fn fresh_file_is_created_0600_in_wal_mode() {
+    let (_d, path) = db();
+    let store = Store::open(&path, OpenMode::Normal).unwrap();
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let dir_mode = std::fs::metadata(path.parent().unwrap())
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(dir_mode, 0o700);
+    let conn = store.conn();
+    let jm: String = conn
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(jm, "wal");
+    assert_eq!(schema::user_version(&conn).unwrap(), schema::LATEST);
+    assert_eq!(schema::application_id(&conn).unwrap(), APPLICATION_ID);
+}
+
+#[test]
+fn reopen_keeps_data() {
+    let (_d, path) = db();
+    {
+        let s = Store::open(&path, OpenMode::Normal).unwrap();
+        s.replace_all(Kind::Pod, &[pod("a", "1")], ("pods", "10"))
+            .unwrap();
+    }
+    let s = Store::open(&path, OpenMode::Normal).unwrap();
+    assert_eq!(s.count(Kind::Pod).unwrap(), 1);
+    assert_eq!(s.cursor("pods").unwrap().as_deref(), Some("10"));
+    assert_eq!(s.get(Kind::Pod, "ns", "a").unwrap().unwrap(), pod("a", "1"));
+}
+
+#[test]
+fn second_open_is_locked() {
+    let (_d, path) = db();
+    let _s = Store::open(&path, OpenMode::Normal).unwrap();
+    let err = Store::open(&path, OpenMode::Normal).unwrap_err();
+    assert!(matches!(err, StoreError::Locked { .. }), "{err}");
+    assert!(err.to_string().contains("another edgehub"));
+}
+
+#[test]
+fn garbage_file_is_corrupt_and_untouched() {
+    let (_d, path) = db();
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let garbage = b"this is not a database, it is a shopping list\n".repeat(100);
+    std::fs::write(&path, &garbage).unwrap();
+    let err = Store::open(&path, OpenMode::Normal).unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+    assert!(err.to_string().contains("--reset-cache"));
+    assert_eq!(std::fs::read(&path).unwrap(), garbage);
+}
+
+#[test]
+fn damaged_pages_are_corrupt() {
+    let (_d, path) = db();
+    {
+        let s = Store::open(&path, OpenMode::Normal).unwrap();
+        let items: Vec<_> = (0..200).map(|i| pod(&format!("p{i}"), "1")).collect();
+        s.replace_all(Kind::Pod, &items, ("pods", "1")).unwrap();
+        s.conn()
+            .execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+            .unwrap();
+    }
+    // Keep the header, trash everything after the first page.
+    let mut bytes = std::fs::read(&path).unwrap();
+    assert!(bytes.len() > 8192);
+    for b in &mut bytes[4096..] {
+        *b = 0xA5;
+    }
+    std::fs::write(&path, &bytes).unwrap();
+    let err = Store::open(&path, OpenMode::Normal).unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        bytes,
+        "file must be untouched"
+    );
+}
+
+#[test]
+fn foreign_sqlite_file_is_refused() {
+    let (_d, path) = db();
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    {
+        let c = rusqlite::Connection::open(&path).unwrap();
+        c.execute_batch("CREATE TABLE recipes (name TEXT); INSERT INTO recipes VALUES ('soup');")
+            .unwrap();
+    }
+    let before = std::fs::read(&path).unwrap();
+    let err = Store::open(&path, OpenMode::Normal).unwrap_err();
+    assert!(matches!(err, StoreError::Foreign { .. }), "{err}");
+    assert_eq!(std::fs::read(&path).unwrap(), before);
+}
+
+#[test]
+fn newer_schema_is_refused() {
+    let (_d, path) = db();
+    {
+        let s = Store::open(&path, OpenMode::Normal).unwrap();
+        s.conn()
+            .pragma_update(None, "user_version", schema::LATEST + 5)
+            .unwrap();
+    }
+    let err = Store::open(&path, OpenMode::Normal).unwrap_err();
+    assert!(matches!(err, StoreError::TooNew { .. }), "{err}");
+}
+
+#[test]
+fn reset_cache_moves_a_corrupt_file_aside() {
+    let (_d, path) = db();
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(&path, b"garbage garbage garbage garbage").unwrap();
+    let s = Store::open(&path, OpenMode::ResetCache).unwrap();
+    assert_eq!(s.count(Kind::Pod).unwrap(), 0);
+    let aside: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains(".bad-"))
+        .collect();
+    assert_eq!(aside.len(), 1);
+    assert_eq!(
+        std::fs::read(aside[0].path()).unwrap(),
+        b"garbage garbage garbage garbage"
+    );
+}
+
+#[test]
+fn reset_cache_empties_a_valid_file() {
+    let (_d, path) = db();
+    {
+        let s = Store::open(&path, OpenMode::Normal).unwrap();
+        s.replace_all(Kind::Pod, &[pod("a", "1")], ("pods", "10"))
+            .unwrap();
+    }
+    let s = Store::open(&path, OpenMode::ResetCache).unwrap();
+    assert_eq!(s.count(Kind::Pod).unwrap(), 0);
+    assert_eq!(s.cursor("pods").unwrap(), None);
+}
+
+#[test]
+fn apply_skips_unchanged_objects_without_writing() {
+    let (_d, path) = db();
+    let s = Store::open(&path, OpenMode::Normal).unwrap();
+    let st = s
+        .apply(
+            Kind::Pod,
+            &[Change::Upsert(pod("a", "1"))],
+            Some(("pods", "1")),
+        )
+        .unwrap();
+    assert_eq!(st.written, 1);
+    let changes_before = s.conn().total_changes();
+    let st = s
+        .apply(
+            Kind::Pod,
+            &[Change::Upsert(pod("a", "1"))],
+            Some(("pods", "2")),
+        )
+        .unwrap();
+    assert_eq!(
+        st,
+        ApplyStats {
+            written: 0,
+            deleted: 0,
+            unchanged: 1
+        }
+    );
+    assert_eq!(s.conn().total_changes(), changes_before, "no row written");
+    // The cursor travels only with real changes.
+    assert_eq!(s.cursor("pods").unwrap().as_deref(), Some("1"));
+    let st = s
+        .apply(
+            Kind::Pod,
+            &[
+                Change::Upsert(pod("a", "3")),
+                Change::Delete {
+                    namespace: "ns".into(),
+                    name: "zz".into(),
+                },
+            ],
+            Some(("pods", "3")),
+        )
+        .unwrap();
+    assert_eq!(
+        st,
+        ApplyStats {
+            written: 1,
+            deleted: 0,
+            unchanged: 1
+        }
+    );
+    assert_eq!(s.cursor("pods").unwrap().as_deref(), Some("3"));
+    let st = s
+        .apply(
+            Kind::Pod,
+            &[Change::Delete {
+                namespace: "ns".into(),
+                name: "a".into(),
+            }],
+            None,
+        )
+        .unwrap();
+    assert_eq!(st.deleted, 1);
+    assert_eq!(s.count(Kind::Pod).unwrap(), 0);
+}
+
+#[test]
+fn replace_all_deletes_what_the_server_no_longer_has() {
+    let (_d, path) = db();
+    let s = Store::open(&path, OpenMode::Normal).unwrap();
+    s.replace_all(
+        Kind::Pod,
+        &[pod("a", "1"), pod("b", "1"), pod("c", "1")],
+        ("pods", "5"),
+    )
+    .unwrap();
+    // Other kinds are not touched by a pod relist.
+    let node = StoredObject::from_raw(
+        Kind::Node,
+        r#"{"metadata":{"name":"n","uid":"un","resourceVersion":"1"}}"#.into(),
+    )
+    .unwrap();
+    s.apply(Kind::Node, &[Change::Upsert(node)], None).unwrap();
+    let st = s
+        .replace_all(Kind::Pod, &[pod("b", "1"), pod("c", "7")], ("pods", "9"))
+        .unwrap();
+    assert_eq!(
+        st,
+        ApplyStats {
+            written: 1,
+            deleted: 1,
+            unchanged: 1
+        }
+    );
+    let names: Vec<_> = s
+        .list(Kind::Pod)
+        .unwrap()
+        .into_iter()
+        .map(|o| o.index.name)
+        .collect();
+    assert_eq!(names, ["b", "c"]);
+    assert_eq!(s.count(Kind::Node).unwrap(), 1);
+    assert_eq!(s.cursor("pods").unwrap().as_deref(), Some("9"));
+}
+
+#[test]
+fn kind_mismatch_is_an_error() {
+    let (_d, path) = db();
+    let s = Store::open(&path, OpenMode::Normal).unwrap();
+    let err = s
+        .apply(Kind::Node, &[Change::Upsert(pod("a", "1"))], None)
+        .unwrap_err();
+    assert!(matches!(err, StoreError::BadObject { .. }));
+}
+
+#[test]
+fn loose_permissions_are_tightened() {
+    let (_d, path) = db();
+    drop(Store::open(&path, OpenMode::Normal).unwrap());
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    drop(Store::open(&path, OpenMode::Normal).unwrap());
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+}
