@@ -8,11 +8,11 @@
 //! - [`store`]: the SQLite cache, the only module that writes SQL;
 //! - [`kube`]: a small apiserver client (kubeconfig, rustls, typed requests, watch streams);
 //! - [`sync`]: reflectors that list/watch the apiserver into the store, and link health;
-//! - [`object`]: the few fields of a Kubernetes object the cache indexes.
+//! - [`object`]: the few fields of a Kubernetes object the cache indexes;
+//! - [`names`]: DNS-1123 name rules.
 
+pub mod config;
+pub mod kube;
+pub mod names;
 pub mod object;
 pub mod store;
-
-pub mod config {}
-pub mod kube {}
-pub mod sync {}

@@ -1,0 +1,465 @@
+//! Configuration: defaults, then the TOML file, then `EDGEHUB_*` environment variables, then
+//! command-line flags, each layer overriding the one before.
+//!
+//! [`Config::resolve`] is pure (it takes the file's text, the environment and the flags as
+//! values) so every rule is unit-tested; [`Config::load`] does the I/O around it.
+
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/edgehub/config.toml";
+pub const DEFAULT_DATA_DIR: &str = "/var/lib/edgehub";
+pub const DEFAULT_KUBECONFIG: &str = "/etc/edgehub/kubeconfig";
+pub const DEFAULT_API_ADDR: &str = "127.0.0.1:10267";
+pub const DEFAULT_CRI_SOCKET: &str = "/run/containerd/containerd.sock";
+
+/// The validated configuration the program runs with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub node_name: String,
+    pub data_dir: PathBuf,
+    pub kubeconfig: PathBuf,
+    pub api_addr: SocketAddr,
+    pub cri_socket: PathBuf,
+    /// A `tracing` filter, e.g. `info` or `edgehub::sync=debug`.
+    pub log: String,
+    pub sync: SyncConfig,
+}
+
+/// Knobs of the reflectors. Defaults suit a device on a flaky cellular link.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SyncConfig {
+    /// Namespaces whose DaemonSets and ControllerRevisions are watched; empty means all.
+    /// Pods are always selected by node name, and the Node by its name.
+    pub watch_namespaces: Vec<String>,
+    /// Minimum time between cursor writes that carry no object change (bookmarks).
+    pub cursor_checkpoint: Duration,
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+    /// Timeout of a non-watch request, and of connecting.
+    pub request_timeout: Duration,
+    /// A watch with no bytes (not even a bookmark) for this long is considered stalled.
+    pub watch_idle_timeout: Duration,
+    /// Largest single watch event or list page accepted, in bytes.
+    pub max_event_bytes: usize,
+    pub list_page_size: u32,
+}
+
+impl Config {
+    pub fn db_path(&self) -> PathBuf {
+        self.data_dir.join("edgehub.db")
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config field `{field}`: {reason}")]
+    Invalid { field: String, reason: String },
+    #[error("config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+}
+
+fn invalid(field: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field: field.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// The config file's shape. Every field is optional; unknown fields are errors, so a typo does
+/// not silently fall back to a default.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    node_name: Option<String>,
+    data_dir: Option<PathBuf>,
+    kubeconfig: Option<PathBuf>,
+    api_addr: Option<String>,
+    cri_socket: Option<PathBuf>,
+    log: Option<String>,
+    #[serde(default)]
+    sync: FileSync,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileSync {
+    watch_namespaces: Option<Vec<String>>,
+    cursor_checkpoint_secs: Option<u64>,
+    backoff_initial_ms: Option<u64>,
+    backoff_max_secs: Option<u64>,
+    request_timeout_secs: Option<u64>,
+    watch_idle_timeout_secs: Option<u64>,
+    max_event_bytes: Option<usize>,
+    list_page_size: Option<u32>,
+}
+
+/// Values given on the command line; `None` means not given.
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    pub node_name: Option<String>,
+    pub data_dir: Option<PathBuf>,
+    pub kubeconfig: Option<PathBuf>,
+    pub api_addr: Option<String>,
+    pub cri_socket: Option<PathBuf>,
+    pub log: Option<String>,
+}
+
+/// Where the config file comes from.
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// The default path: a missing file just means "all defaults".
+    Default,
+    /// Named by the user: it must exist.
+    Explicit(PathBuf),
+}
+
+impl Config {
+    /// Reads the file (if any), the process environment and the hostname, then resolves.
+    pub fn load(source: &Source, flags: &Overrides) -> Result<Config, ConfigError> {
+        let (path, required) = match source {
+            Source::Default => (Path::new(DEFAULT_CONFIG_PATH), false),
+            Source::Explicit(p) => (p.as_path(), true),
+        };
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => Some(t),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => None,
+            Err(source) => {
+                return Err(ConfigError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                })
+            }
+        };
+        let env: Vec<(String, String)> = std::env::vars()
+            .filter(|(k, _)| k.starts_with("EDGEHUB_"))
+            .collect();
+        Config::resolve(text.as_deref(), path, &env, flags, hostname())
+    }
+
+    /// The pure layering and validation.
+    pub fn resolve(
+        file_text: Option<&str>,
+        file_path: &Path,
+        env: &[(String, String)],
+        flags: &Overrides,
+        hostname: Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let file: FileConfig = match file_text {
+            Some(t) => toml::from_str(t).map_err(|e| ConfigError::Parse {
+                path: file_path.to_path_buf(),
+                message: e.to_string().trim_end().to_string(),
+            })?,
+            None => FileConfig::default(),
+        };
+        let env_get = |name: &str| {
+            env.iter()
+                .rev()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        };
+        // flag > env > file > default
+        let pick = |flag: Option<String>, env_name: &str, file: Option<String>| {
+            flag.or_else(|| env_get(env_name)).or(file)
+        };
+        let pick_path = |flag: &Option<PathBuf>, env_name: &str, file: Option<PathBuf>| {
+            flag.clone()
+                .or_else(|| env_get(env_name).map(PathBuf::from))
+                .or(file)
+        };
+
+        let node_name = pick(flags.node_name.clone(), "EDGEHUB_NODE_NAME", file.node_name);
+        let node_name = match node_name {
+            Some(n) => {
+                crate::names::check_subdomain(&n).map_err(|r| invalid("node_name", r))?;
+                n
+            }
+            None => {
+                let h = hostname.ok_or_else(|| {
+                    invalid("node_name", "not set and the hostname could not be read")
+                })?;
+                let h = h.trim().to_string();
+                crate::names::check_subdomain(&h).map_err(|r| {
+                    invalid(
+                        "node_name",
+                        format!("not set, and the hostname {h:?} is not a valid node name ({r}); set node_name"),
+                    )
+                })?;
+                h
+            }
+        };
+
+        let data_dir = pick_path(&flags.data_dir, "EDGEHUB_DATA_DIR", file.data_dir)
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
+        absolute("data_dir", &data_dir)?;
+        let kubeconfig = pick_path(&flags.kubeconfig, "EDGEHUB_KUBECONFIG", file.kubeconfig)
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_KUBECONFIG));
+        if kubeconfig.as_os_str().is_empty() {
+            return Err(invalid("kubeconfig", "must not be empty"));
+        }
+        let api_addr_s = pick(flags.api_addr.clone(), "EDGEHUB_API_ADDR", file.api_addr)
+            .unwrap_or_else(|| DEFAULT_API_ADDR.to_string());
+        let api_addr: SocketAddr = api_addr_s.parse().map_err(|_| {
+            invalid(
+                "api_addr",
+                format!("{api_addr_s:?} is not an IP:port address (e.g. 127.0.0.1:10267)"),
+            )
+        })?;
+        let cri_socket = pick_path(&flags.cri_socket, "EDGEHUB_CRI_SOCKET", file.cri_socket)
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_CRI_SOCKET));
+        absolute("cri_socket", &cri_socket)?;
+        let log = pick(flags.log.clone(), "EDGEHUB_LOG", file.log).unwrap_or_else(|| "info".into());
+        tracing_subscriber::EnvFilter::try_new(&log)
+            .map_err(|e| invalid("log", format!("{log:?} is not a valid log filter: {e}")))?;
+
+        let s = file.sync;
+        let watch_namespaces = s.watch_namespaces.unwrap_or_default();
+        for ns in &watch_namespaces {
+            crate::names::check_label(ns)
+                .map_err(|r| invalid("sync.watch_namespaces", format!("{ns:?}: {r}")))?;
+        }
+        let secs = |field: &str, v: Option<u64>, default: u64, max: u64| {
+            let v = v.unwrap_or(default);
+            if v == 0 || v > max {
+                return Err(invalid(
+                    field,
+                    format!("must be between 1 and {max} (got {v})"),
+                ));
+            }
+            Ok(v)
+        };
+        let sync = SyncConfig {
+            watch_namespaces,
+            cursor_checkpoint: Duration::from_secs(secs(
+                "sync.cursor_checkpoint_secs",
+                s.cursor_checkpoint_secs,
+                300,
+                86_400,
+            )?),
+            backoff_initial: Duration::from_millis(secs(
+                "sync.backoff_initial_ms",
+                s.backoff_initial_ms,
+                500,
+                600_000,
+            )?),
+            backoff_max: Duration::from_secs(secs(
+                "sync.backoff_max_secs",
+                s.backoff_max_secs,
+                60,
+                3_600,
+            )?),
+            request_timeout: Duration::from_secs(secs(
+                "sync.request_timeout_secs",
+                s.request_timeout_secs,
+                30,
+                600,
+            )?),
+            watch_idle_timeout: Duration::from_secs(secs(
+                "sync.watch_idle_timeout_secs",
+                s.watch_idle_timeout_secs,
+                120,
+                3_600,
+            )?),
+            max_event_bytes: s.max_event_bytes.unwrap_or(4 << 20),
+            list_page_size: s.list_page_size.unwrap_or(100),
+        };
+        if sync.backoff_initial > sync.backoff_max {
+            return Err(invalid(
+                "sync.backoff_initial_ms",
+                "must not be larger than sync.backoff_max_secs",
+            ));
+        }
+        if !(64 << 10..=256 << 20).contains(&sync.max_event_bytes) {
+            return Err(invalid(
+                "sync.max_event_bytes",
+                format!(
+                    "must be between 65536 and 268435456 (got {})",
+                    sync.max_event_bytes
+                ),
+            ));
+        }
+        if !(1..=5000).contains(&sync.list_page_size) {
+            return Err(invalid(
+                "sync.list_page_size",
+                format!("must be between 1 and 5000 (got {})", sync.list_page_size),
+            ));
+        }
+        Ok(Config {
+            node_name,
+            data_dir,
+            kubeconfig,
+            api_addr,
+            cri_socket,
+            log,
+            sync,
+        })
+    }
+}
+
+fn absolute(field: &str, p: &Path) -> Result<(), ConfigError> {
+    if p.is_absolute() {
+        Ok(())
+    } else {
+        Err(invalid(
+            field,
+            format!("{} must be an absolute path", p.display()),
+        ))
+    }
+}
+
+/// The kernel's hostname; `None` if it cannot be read.
+fn hostname() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resolve(
+        file: Option<&str>,
+        env: &[(&str, &str)],
+        flags: &Overrides,
+    ) -> Result<Config, ConfigError> {
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::resolve(
+            file,
+            Path::new("/etc/edgehub/config.toml"),
+            &env,
+            flags,
+            Some("edge-1".into()),
+        )
+    }
+
+    fn field_of(e: ConfigError) -> String {
+        match e {
+            ConfigError::Invalid { field, .. } => field,
+            other => panic!("expected Invalid, got {other}"),
+        }
+    }
+
+    #[test]
+    fn defaults_suit_a_device() {
+        let c = resolve(None, &[], &Overrides::default()).unwrap();
+        assert_eq!(c.node_name, "edge-1");
+        assert_eq!(c.data_dir, Path::new("/var/lib/edgehub"));
+        assert_eq!(c.db_path(), Path::new("/var/lib/edgehub/edgehub.db"));
+        assert_eq!(c.kubeconfig, Path::new("/etc/edgehub/kubeconfig"));
+        assert_eq!(c.api_addr.to_string(), "127.0.0.1:10267");
+        assert_eq!(c.cri_socket, Path::new("/run/containerd/containerd.sock"));
+        assert!(c.sync.watch_namespaces.is_empty());
+        assert_eq!(c.sync.list_page_size, 100);
+    }
+
+    #[test]
+    fn flags_beat_env_beat_file() {
+        let file = "node_name = \"from-file\"\ndata_dir = \"/file\"\napi_addr = \"127.0.0.1:1\"\n";
+        let env = [
+            ("EDGEHUB_NODE_NAME", "from-env"),
+            ("EDGEHUB_DATA_DIR", "/env"),
+        ];
+        let flags = Overrides {
+            node_name: Some("from-flag".into()),
+            ..Default::default()
+        };
+        let c = resolve(Some(file), &env, &flags).unwrap();
+        assert_eq!(c.node_name, "from-flag");
+        assert_eq!(c.data_dir, Path::new("/env"));
+        assert_eq!(c.api_addr.to_string(), "127.0.0.1:1");
+    }
+
+    #[test]
+    fn sync_section_is_read() {
+        let file =
+            "[sync]\nwatch_namespaces = [\"vehicle\"]\nbackoff_max_secs = 5\nlist_page_size = 7\n";
+        let c = resolve(Some(file), &[], &Overrides::default()).unwrap();
+        assert_eq!(c.sync.watch_namespaces, ["vehicle"]);
+        assert_eq!(c.sync.backoff_max, Duration::from_secs(5));
+        assert_eq!(c.sync.list_page_size, 7);
+    }
+
+    #[test]
+    fn invalid_values_name_the_field() {
+        let cases: &[(&str, &str)] = &[
+            ("node_name = \"Edge_1\"", "node_name"),
+            ("data_dir = \"relative/dir\"", "data_dir"),
+            ("api_addr = \"localhost\"", "api_addr"),
+            ("cri_socket = \"containerd.sock\"", "cri_socket"),
+            ("log = \"info,,=[\"", "log"),
+            (
+                "[sync]\nwatch_namespaces = [\"Bad NS\"]",
+                "sync.watch_namespaces",
+            ),
+            ("[sync]\nbackoff_max_secs = 0", "sync.backoff_max_secs"),
+            (
+                "[sync]\nbackoff_initial_ms = 9000\nbackoff_max_secs = 1",
+                "sync.backoff_initial_ms",
+            ),
+            ("[sync]\nmax_event_bytes = 10", "sync.max_event_bytes"),
+            ("[sync]\nlist_page_size = 0", "sync.list_page_size"),
+        ];
+        for (file, field) in cases {
+            let e = resolve(Some(file), &[], &Overrides::default()).unwrap_err();
+            let msg = e.to_string();
+            assert_eq!(field_of(e), *field, "{file}: {msg}");
+        }
+    }
+
+    #[test]
+    fn unknown_and_mistyped_keys_are_parse_errors() {
+        for file in [
+            "nodename = \"x\"",
+            "[sync]\nlist_page_size = \"ten\"",
+            "this is = not toml [",
+        ] {
+            let e = resolve(Some(file), &[], &Overrides::default()).unwrap_err();
+            assert!(matches!(e, ConfigError::Parse { .. }), "{file}: {e}");
+            assert!(e.to_string().contains("/etc/edgehub/config.toml"));
+        }
+    }
+
+    #[test]
+    fn bad_hostname_asks_for_node_name() {
+        let e = Config::resolve(
+            None,
+            Path::new("x"),
+            &[],
+            &Overrides::default(),
+            Some("My_Laptop".into()),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("set node_name"), "{e}");
+        let e =
+            Config::resolve(None, Path::new("x"), &[], &Overrides::default(), None).unwrap_err();
+        assert_eq!(field_of(e), "node_name");
+    }
+
+    #[test]
+    fn env_overrides_apply() {
+        let env = [
+            ("EDGEHUB_KUBECONFIG", "/k"),
+            ("EDGEHUB_API_ADDR", "0.0.0.0:9"),
+            ("EDGEHUB_CRI_SOCKET", "/run/x.sock"),
+            ("EDGEHUB_LOG", "debug"),
+        ];
+        let c = resolve(None, &env, &Overrides::default()).unwrap();
+        assert_eq!(c.kubeconfig, Path::new("/k"));
+        assert_eq!(c.api_addr.to_string(), "0.0.0.0:9");
+        assert_eq!(c.cri_socket, Path::new("/run/x.sock"));
+        assert_eq!(c.log, "debug");
+    }
+}

@@ -1,0 +1,212 @@
+//! Errors of the apiserver client. A non-2xx answer becomes [`KubeError::Status`] carrying the
+//! apiserver's own Status body, so the caller can branch on the code and a person reading the
+//! log sees the apiserver's words.
+
+use serde::Deserialize;
+use std::time::Duration;
+
+/// What a request was, for error messages: "list daemonsets.apps".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    pub verb: &'static str,
+    /// Qualified resource, e.g. `pods` or `daemonsets.apps`, with `/status` for subresources.
+    pub resource: String,
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+}
+
+impl std::fmt::Display for Request {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.verb, self.resource)?;
+        match (&self.namespace, &self.name) {
+            (Some(ns), Some(n)) => write!(f, " {ns}/{n}"),
+            (None, Some(n)) => write!(f, " {n}"),
+            (Some(ns), None) => write!(f, " in namespace {ns}"),
+            (None, None) => Ok(()),
+        }
+    }
+}
+
+/// The `Status` object the apiserver sends with a failure.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct Status {
+    #[serde(default)]
+    pub code: u16,
+    #[serde(default)]
+    pub reason: String,
+    #[serde(default)]
+    pub message: String,
+}
+
+impl Status {
+    /// Parses a Status body; a body that is not one (a proxy's HTML page, say) still gives a
+    /// Status with the HTTP code and the first bytes of the body as the message.
+    pub fn from_body(code: u16, body: &[u8]) -> Status {
+        match serde_json::from_slice::<Status>(body) {
+            Ok(mut s) if !s.reason.is_empty() || !s.message.is_empty() => {
+                if s.code == 0 {
+                    s.code = code;
+                }
+                s
+            }
+            _ => Status {
+                code,
+                reason: String::new(),
+                message: String::from_utf8_lossy(&body[..body.len().min(200)])
+                    .trim()
+                    .to_string(),
+            },
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum KubeError {
+    /// DNS, TCP or TLS-handshake failure, or the connection dropped: the device is offline or
+    /// the apiserver is down. Never fatal.
+    #[error("{request}: apiserver {server} unreachable: {reason}")]
+    Unreachable {
+        request: Request,
+        server: String,
+        reason: String,
+    },
+    /// The server's certificate did not verify against the kubeconfig's CA. Not "offline": a
+    /// person has to fix the CA or the server address.
+    #[error("{request}: TLS verification of {server} failed: {reason}; check certificate-authority(-data) and server in the kubeconfig")]
+    Tls {
+        request: Request,
+        server: String,
+        reason: String,
+    },
+    #[error("{request}: no answer within {0:?}", .timeout)]
+    Timeout { request: Request, timeout: Duration },
+    #[error("{}", status_message(.request, .status, .node))]
+    Status {
+        request: Request,
+        status: Status,
+        /// From a `Retry-After` header (429, 503).
+        retry_after: Option<Duration>,
+        /// The node name edgehub runs as, for 401/403 hints.
+        node: String,
+    },
+    #[error("{request}: response is not valid JSON: {source}")]
+    Decode {
+        request: Request,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{request}: response larger than {limit} bytes")]
+    TooLarge { request: Request, limit: usize },
+    #[error("{request}: {reason}")]
+    Stream { request: Request, reason: String },
+}
+
+fn status_message(request: &Request, s: &Status, node: &str) -> String {
+    let head = format!("{request}: {} {}: {}", s.code, s.reason, s.message);
+    match s.code {
+        401 => format!(
+            "{head} (the apiserver rejected edgehub's credentials: check the token, token file or client certificate in the kubeconfig)"
+        ),
+        403 => format!(
+            "{head} (edgehub runs as user system:node:{node} in group system:nodes and needs permission to {} {}; \
+             apply deploy/rbac.yaml, which grants get/list/watch on daemonsets and controllerrevisions to system:nodes, \
+             and check that the kubeconfig's identity is system:node:{node})",
+            request.verb, request.resource
+        ),
+        _ => head,
+    }
+}
+
+impl KubeError {
+    /// The HTTP code of an apiserver answer, if this is one.
+    pub fn code(&self) -> Option<u16> {
+        match self {
+            KubeError::Status { status, .. } => Some(status.code),
+            _ => None,
+        }
+    }
+
+    /// 410 Gone/Expired: the resourceVersion is too old; list again.
+    pub fn is_expired(&self) -> bool {
+        self.code() == Some(410)
+    }
+
+    /// The link is down (as opposed to the apiserver answering with an error).
+    pub fn is_offline(&self) -> bool {
+        matches!(
+            self,
+            KubeError::Unreachable { .. } | KubeError::Timeout { .. } | KubeError::Stream { .. }
+        )
+    }
+
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            KubeError::Status { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req() -> Request {
+        Request {
+            verb: "list",
+            resource: "daemonsets.apps".into(),
+            namespace: None,
+            name: None,
+        }
+    }
+
+    #[test]
+    fn forbidden_names_the_permission_and_the_fix() {
+        let body = br#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"daemonsets.apps is forbidden: User \"system:node:edge-1\" cannot list resource \"daemonsets\"","reason":"Forbidden","details":{"group":"apps","kind":"daemonsets"},"code":403}"#;
+        let e = KubeError::Status {
+            request: req(),
+            status: Status::from_body(403, body),
+            retry_after: None,
+            node: "edge-1".into(),
+        };
+        let m = e.to_string();
+        assert!(m.contains("list daemonsets.apps"), "{m}");
+        assert!(m.contains("deploy/rbac.yaml"), "{m}");
+        assert!(m.contains("system:node:edge-1"), "{m}");
+        assert_eq!(e.code(), Some(403));
+        assert!(!e.is_offline());
+    }
+
+    #[test]
+    fn unauthorized_points_at_credentials() {
+        let body = br#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"Unauthorized","reason":"Unauthorized","code":401}"#;
+        let e = KubeError::Status {
+            request: req(),
+            status: Status::from_body(401, body),
+            retry_after: None,
+            node: "edge-1".into(),
+        };
+        assert!(e.to_string().contains("credentials"));
+    }
+
+    #[test]
+    fn non_status_body_keeps_code_and_text() {
+        let s = Status::from_body(502, b"<html>bad gateway</html>");
+        assert_eq!(s.code, 502);
+        assert_eq!(s.message, "<html>bad gateway</html>");
+        let s = Status::from_body(500, &[0xff; 1000]);
+        assert_eq!(s.code, 500);
+    }
+
+    #[test]
+    fn expired_is_recognized() {
+        let body = br#"{"kind":"Status","status":"Failure","message":"too old","reason":"Expired","code":410}"#;
+        let e = KubeError::Status {
+            request: req(),
+            status: Status::from_body(410, body),
+            retry_after: None,
+            node: "n".into(),
+        };
+        assert!(e.is_expired());
+    }
+}

@@ -1,0 +1,84 @@
+//! Kubernetes name rules (DNS-1123), shared by config validation and the local API.
+
+/// A DNS-1123 label: at most 63 characters of `[a-z0-9-]`, starting and ending alphanumeric.
+/// Namespaces are labels.
+pub fn check_label(s: &str) -> Result<(), String> {
+    if s.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if s.len() > 63 {
+        return Err(format!("must be at most 63 characters (got {})", s.len()));
+    }
+    check_chars(s, false)
+}
+
+/// A DNS-1123 subdomain: at most 253 characters of dot-separated labels. Pod and node names
+/// are subdomains.
+pub fn check_subdomain(s: &str) -> Result<(), String> {
+    if s.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if s.len() > 253 {
+        return Err(format!("must be at most 253 characters (got {})", s.len()));
+    }
+    check_chars(s, true)
+}
+
+fn check_chars(s: &str, dots: bool) -> Result<(), String> {
+    let ok = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    for (i, c) in s.chars().enumerate() {
+        if !(ok(c) || c == '-' || (dots && c == '.')) {
+            return Err(format!(
+                "invalid character {c:?} at {i}: only lowercase letters, digits, '-'{} are allowed",
+                if dots { " and '.'" } else { "" }
+            ));
+        }
+    }
+    let parts: Vec<&str> = if dots {
+        s.split('.').collect()
+    } else {
+        vec![s]
+    };
+    for p in parts {
+        let first = p.chars().next();
+        let last = p.chars().last();
+        if !(first.is_some_and(ok) && last.is_some_and(ok)) {
+            return Err("must start and end with a lowercase letter or digit".into());
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels() {
+        for good in ["a", "vehicle", "kube-system", "a1", &"a".repeat(63)] {
+            assert!(check_label(good).is_ok(), "{good}");
+        }
+        for bad in ["", "A", "-a", "a-", "a.b", "a_b", &"a".repeat(64), "ä"] {
+            assert!(check_label(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn subdomains() {
+        for good in ["edge-1", "a.b.c", "telemetry-sv74m", &"a".repeat(253)] {
+            assert!(check_subdomain(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "",
+            "a..b",
+            ".a",
+            "a.",
+            "Edge",
+            "a/b",
+            &"a".repeat(254),
+            "a.-b",
+        ] {
+            assert!(check_subdomain(bad).is_err(), "{bad}");
+        }
+    }
+}
