@@ -16,3 +16,4 @@ pub mod kube;
 pub mod names;
 pub mod object;
 pub mod store;
+pub mod sync;

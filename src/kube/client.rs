@@ -43,7 +43,7 @@ pub struct ApiClient {
 }
 
 /// Query parameters of a list or watch.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ListParams {
     pub field_selector: Option<String>,
     pub label_selector: Option<String>,

@@ -164,15 +164,17 @@ impl Store {
         objects::apply(&mut self.conn(), kind, changes, cursor)
     }
 
-    /// Replaces every object of `kind` with `items` in one transaction (after a list), deleting
-    /// rows the server no longer has, and stores the list's resourceVersion as the cursor.
+    /// Replaces every object of `kind` (in `namespace`, or all of them) with `items` in one
+    /// transaction (after a list), deleting rows the server no longer has, and stores the list's
+    /// resourceVersion as the cursor. Unchanged objects are not rewritten.
     pub fn replace_all(
         &self,
         kind: crate::object::Kind,
+        namespace: Option<&str>,
         items: &[StoredObject],
         cursor: (&str, &str),
     ) -> Result<ApplyStats, StoreError> {
-        objects::replace_all(&mut self.conn(), kind, items, cursor)
+        objects::replace_all(&mut self.conn(), kind, namespace, items, cursor)
     }
 
     pub fn get(

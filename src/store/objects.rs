@@ -242,6 +242,7 @@ pub fn apply(
 pub fn replace_all(
     conn: &mut Connection,
     kind: Kind,
+    namespace: Option<&str>,
     items: &[StoredObject],
     (resource, rv): (&str, &str),
 ) -> Result<ApplyStats, StoreError> {
@@ -249,7 +250,7 @@ pub fn replace_all(
     let tx = conn.transaction()?;
     let mut keep: HashSet<(&str, &str)> = HashSet::with_capacity(items.len());
     for obj in items {
-        if obj.index.kind != kind {
+        if obj.index.kind != kind || namespace.is_some_and(|ns| ns != obj.index.namespace) {
             return Err(mismatch(kind, obj));
         }
         keep.insert((&obj.index.namespace, &obj.index.name));
@@ -261,8 +262,12 @@ pub fn replace_all(
         }
     }
     let stale: Vec<(String, String)> = {
-        let mut stmt = tx.prepare_cached("SELECT namespace, name FROM objects WHERE kind = ?1")?;
-        let rows = stmt.query_map(params![kind.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        let mut stmt = tx.prepare_cached(
+            "SELECT namespace, name FROM objects WHERE kind = ?1 AND (?2 IS NULL OR namespace = ?2)",
+        )?;
+        let rows = stmt.query_map(params![kind.as_str(), namespace], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })?;
         let mut stale = Vec::new();
         for row in rows {
             let (ns, name): (String, String) = row?;
@@ -285,6 +290,6 @@ fn mismatch(kind: Kind, obj: &StoredObject) -> StoreError {
         kind: obj.index.kind.as_str(),
         namespace: obj.index.namespace.clone(),
         name: obj.index.name.clone(),
-        reason: format!("applied as {kind}"),
+        reason: format!("does not belong to the {kind} set being written"),
     }
 }

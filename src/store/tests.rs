@@ -41,7 +41,7 @@ fn reopen_keeps_data() {
     let (_d, path) = db();
     {
         let s = Store::open(&path, OpenMode::Normal).unwrap();
-        s.replace_all(Kind::Pod, &[pod("a", "1")], ("pods", "10"))
+        s.replace_all(Kind::Pod, None, &[pod("a", "1")], ("pods", "10"))
             .unwrap();
     }
     let s = Store::open(&path, OpenMode::Normal).unwrap();
@@ -77,7 +77,8 @@ fn damaged_pages_are_corrupt() {
     {
         let s = Store::open(&path, OpenMode::Normal).unwrap();
         let items: Vec<_> = (0..200).map(|i| pod(&format!("p{i}"), "1")).collect();
-        s.replace_all(Kind::Pod, &items, ("pods", "1")).unwrap();
+        s.replace_all(Kind::Pod, None, &items, ("pods", "1"))
+            .unwrap();
         s.conn()
             .execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
             .unwrap();
@@ -150,7 +151,7 @@ fn reset_cache_empties_a_valid_file() {
     let (_d, path) = db();
     {
         let s = Store::open(&path, OpenMode::Normal).unwrap();
-        s.replace_all(Kind::Pod, &[pod("a", "1")], ("pods", "10"))
+        s.replace_all(Kind::Pod, None, &[pod("a", "1")], ("pods", "10"))
             .unwrap();
     }
     let s = Store::open(&path, OpenMode::ResetCache).unwrap();
@@ -231,6 +232,7 @@ fn replace_all_deletes_what_the_server_no_longer_has() {
     let s = Store::open(&path, OpenMode::Normal).unwrap();
     s.replace_all(
         Kind::Pod,
+        None,
         &[pod("a", "1"), pod("b", "1"), pod("c", "1")],
         ("pods", "5"),
     )
@@ -243,7 +245,12 @@ fn replace_all_deletes_what_the_server_no_longer_has() {
     .unwrap();
     s.apply(Kind::Node, &[Change::Upsert(node)], None).unwrap();
     let st = s
-        .replace_all(Kind::Pod, &[pod("b", "1"), pod("c", "7")], ("pods", "9"))
+        .replace_all(
+            Kind::Pod,
+            None,
+            &[pod("b", "1"), pod("c", "7")],
+            ("pods", "9"),
+        )
         .unwrap();
     assert_eq!(
         st,
@@ -282,4 +289,27 @@ fn loose_permissions_are_tightened() {
     drop(Store::open(&path, OpenMode::Normal).unwrap());
     let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
+}
+
+#[test]
+fn replace_all_in_one_namespace_leaves_the_others() {
+    let (_d, path) = db();
+    let s = Store::open(&path, OpenMode::Normal).unwrap();
+    let other = StoredObject::from_raw(
+        Kind::Pod,
+        r#"{"metadata":{"name":"o","namespace":"other","uid":"uo","resourceVersion":"1"}}"#.into(),
+    )
+    .unwrap();
+    s.apply(Kind::Pod, &[Change::Upsert(other.clone())], None)
+        .unwrap();
+    s.replace_all(Kind::Pod, Some("ns"), &[pod("a", "1")], ("pods@ns", "3"))
+        .unwrap();
+    assert_eq!(s.count(Kind::Pod).unwrap(), 2);
+    s.replace_all(Kind::Pod, Some("ns"), &[], ("pods@ns", "4"))
+        .unwrap();
+    assert_eq!(s.list(Kind::Pod).unwrap(), vec![other.clone()]);
+    // An item from another namespace is refused.
+    assert!(s
+        .replace_all(Kind::Pod, Some("ns"), &[other], ("pods@ns", "5"))
+        .is_err());
 }

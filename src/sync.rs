@@ -1,0 +1,653 @@
+//! Reflectors: list, then watch, each resource the node needs into the store, and keep a link
+//! health state the rest of the program can read.
+//!
+//! What is watched (see [`plan`]):
+//! - the node's pods (`fieldSelector=spec.nodeName=<node>`);
+//! - its own Node (`fieldSelector=metadata.name=<node>`);
+//! - DaemonSets and ControllerRevisions, cluster-wide or in the configured namespaces.
+//!   ControllerRevisions not owned by a DaemonSet (StatefulSets') are not stored.
+//!
+//! Behaviour, per reflector:
+//! - on start, resume the watch from the stored resourceVersion: no list while it is valid;
+//! - 410 Expired (list or watch ERROR event): list again, then replace the rows in one
+//!   transaction, deleting what the server no longer has;
+//! - a watch that ends normally (server timeout) is restarted at once from the last version;
+//! - errors back off exponentially with full jitter, capped; a 429's Retry-After is honoured;
+//! - unchanged objects and bookmarks write nothing; the cursor travels with real changes, and
+//!   bookmark-only progress is checkpointed at most every `cursor_checkpoint`.
+
+use crate::config::{Config, SyncConfig};
+use crate::kube::resource::{CONTROLLER_REVISIONS, DAEMONSETS, NODES, PODS};
+use crate::kube::{ApiClient, KubeError, ListParams, Resource, WatchEvent};
+use crate::object::ObjectIndex;
+use crate::store::{Change, Store, StoredObject};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// Whether the apiserver is reachable, as last seen by any reflector.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LinkState {
+    /// Nothing tried yet.
+    Unknown,
+    Online,
+    Offline {
+        reason: String,
+    },
+}
+
+/// The writing side of the link state, shared by the reflectors.
+#[derive(Debug, Clone)]
+pub struct LinkReporter(Arc<watch::Sender<LinkState>>);
+
+impl LinkReporter {
+    pub fn new() -> (LinkReporter, watch::Receiver<LinkState>) {
+        let (tx, rx) = watch::channel(LinkState::Unknown);
+        (LinkReporter(Arc::new(tx)), rx)
+    }
+
+    fn set(&self, state: LinkState) {
+        self.0.send_if_modified(|cur| {
+            if *cur == state {
+                return false;
+            }
+            match &state {
+                LinkState::Online => tracing::info!("apiserver link is up"),
+                LinkState::Offline { reason } => tracing::warn!(%reason, "apiserver link is down"),
+                LinkState::Unknown => {}
+            }
+            *cur = state;
+            true
+        });
+    }
+
+    fn online(&self) {
+        self.set(LinkState::Online);
+    }
+
+    /// Records an error: offline if it says the link is down, otherwise the server answered.
+    fn error(&self, e: &KubeError) {
+        if e.is_offline() {
+            self.set(LinkState::Offline {
+                reason: e.to_string(),
+            });
+        } else if !matches!(e, KubeError::Tls { .. }) {
+            self.online();
+        }
+    }
+}
+
+/// Counters of one reflector, for tests, benchmarks and metrics.
+#[derive(Debug, Default)]
+pub struct ReflectorStats {
+    pub lists: AtomicU64,
+    pub watches: AtomicU64,
+    pub events: AtomicU64,
+    pub written: AtomicU64,
+    pub malformed: AtomicU64,
+    pub errors: AtomicU64,
+}
+
+/// What one reflector watches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReflectorSpec {
+    pub resource: Resource,
+    pub namespace: Option<String>,
+    pub params: ListParams,
+    /// Store only ControllerRevisions owned by a DaemonSet.
+    pub daemonset_owned_only: bool,
+}
+
+impl ReflectorSpec {
+    /// The cursor key: resource, namespace and selectors, so a changed node name or namespace
+    /// list never resumes from a cursor that belonged to another selection.
+    pub fn key(&self) -> String {
+        let mut k = self.resource.qualified();
+        if let Some(ns) = &self.namespace {
+            k.push_str("@");
+            k.push_str(ns);
+        }
+        if let Some(f) = &self.params.field_selector {
+            k.push_str("?fieldSelector=");
+            k.push_str(f);
+        }
+        k
+    }
+
+    fn keep(&self, ix: &ObjectIndex) -> bool {
+        !self.daemonset_owned_only || ix.owner_kind.as_deref() == Some("DaemonSet")
+    }
+}
+
+/// The reflectors a node runs. Pure, so the selection is unit-tested.
+pub fn plan(node_name: &str, sync: &SyncConfig) -> Vec<ReflectorSpec> {
+    let mut specs = vec![
+        ReflectorSpec {
+            resource: PODS,
+            namespace: None,
+            params: ListParams {
+                field_selector: Some(format!("spec.nodeName={node_name}")),
+                label_selector: None,
+            },
+            daemonset_owned_only: false,
+        },
+        ReflectorSpec {
+            resource: NODES,
+            namespace: None,
+            params: ListParams {
+                field_selector: Some(format!("metadata.name={node_name}")),
+                label_selector: None,
+            },
+            daemonset_owned_only: false,
+        },
+    ];
+    let namespaces: Vec<Option<String>> = if sync.watch_namespaces.is_empty() {
+        vec![None]
+    } else {
+        sync.watch_namespaces.iter().cloned().map(Some).collect()
+    };
+    for ns in namespaces {
+        for (resource, owned) in [(DAEMONSETS, false), (CONTROLLER_REVISIONS, true)] {
+            specs.push(ReflectorSpec {
+                resource,
+                namespace: ns.clone(),
+                params: ListParams::default(),
+                daemonset_owned_only: owned,
+            });
+        }
+    }
+    specs
+}
+
+/// Exponential backoff with full jitter: the n-th wait is uniform in
+/// `[0, min(max, initial * 2^n)]`, so a fleet of devices that lost the link together does not
+/// come back in lockstep.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    initial: Duration,
+    max: Duration,
+    attempt: u32,
+}
+
+impl Backoff {
+    pub fn new(initial: Duration, max: Duration) -> Backoff {
+        Backoff {
+            initial,
+            max,
+            attempt: 0,
+        }
+    }
+
+    /// The ceiling of the next wait (before jitter).
+    pub fn ceiling(&self) -> Duration {
+        let factor = 1u32.checked_shl(self.attempt.min(20)).unwrap_or(u32::MAX);
+        self.initial.saturating_mul(factor).min(self.max)
+    }
+
+    /// The next wait, jittered, and advance.
+    pub fn next_delay(&mut self) -> Duration {
+        let ceiling = self.ceiling();
+        self.attempt = self.attempt.saturating_add(1);
+        let ms = ceiling.as_millis().min(u64::MAX as u128) as u64;
+        Duration::from_millis(fastrand::u64(0..=ms))
+    }
+
+    pub fn reset(&mut self) {
+        self.attempt = 0;
+    }
+}
+
+/// The wait after an error: Retry-After when the server asked for one (capped), else backoff.
+pub fn delay_after(e: &KubeError, backoff: &mut Backoff) -> Duration {
+    match e.retry_after() {
+        Some(ra) => {
+            backoff.next_delay();
+            ra.min(Duration::from_secs(600))
+        }
+        None => backoff.next_delay(),
+    }
+}
+
+/// A running set of reflectors.
+pub struct Sync {
+    pub link: watch::Receiver<LinkState>,
+    pub stats: Vec<(String, Arc<ReflectorStats>)>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Sync {
+    /// Starts one task per reflector of [`plan`].
+    pub fn spawn(
+        config: &Config,
+        client: ApiClient,
+        store: Arc<Store>,
+        shutdown: watch::Receiver<bool>,
+    ) -> Sync {
+        let (reporter, link) = LinkReporter::new();
+        let mut stats = Vec::new();
+        let mut tasks = Vec::new();
+        for spec in plan(&config.node_name, &config.sync) {
+            let st = Arc::new(ReflectorStats::default());
+            stats.push((spec.key(), st.clone()));
+            let r = Reflector {
+                spec,
+                client: client.clone(),
+                store: store.clone(),
+                link: reporter.clone(),
+                cfg: config.sync.clone(),
+                stats: st,
+            };
+            tasks.push(tokio::spawn(r.run(shutdown.clone())));
+        }
+        Sync { link, stats, tasks }
+    }
+
+    /// Waits for every reflector to stop (after shutdown was signalled).
+    pub async fn join(self) {
+        for t in self.tasks {
+            if let Err(e) = t.await {
+                tracing::error!(error = %e, "reflector task failed");
+            }
+        }
+    }
+
+    pub fn stats_for(&self, key_prefix: &str) -> Option<&Arc<ReflectorStats>> {
+        self.stats
+            .iter()
+            .find(|(k, _)| k.starts_with(key_prefix))
+            .map(|(_, s)| s)
+    }
+}
+
+/// How a watch ended.
+enum WatchEnd {
+    /// The server closed it (timeoutSeconds): watch again at once.
+    Closed,
+    /// 410: the version is too old; list again.
+    Expired,
+    /// Shutdown was signalled.
+    Shutdown,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ReflectError {
+    #[error(transparent)]
+    Kube(#[from] KubeError),
+    #[error("cannot write the cache: {0}")]
+    Store(#[from] crate::store::StoreError),
+}
+
+struct Reflector {
+    spec: ReflectorSpec,
+    client: ApiClient,
+    store: Arc<Store>,
+    link: LinkReporter,
+    cfg: SyncConfig,
+    stats: Arc<ReflectorStats>,
+}
+
+/// The resourceVersion the reflector has reached, and what of it is on disk.
+struct Cursor {
+    key: String,
+    /// Last version seen (events and bookmarks).
+    seen: Option<String>,
+    /// Last version written to the store.
+    persisted: Option<String>,
+    last_checkpoint: Instant,
+}
+
+impl Reflector {
+    async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        let key = self.spec.key();
+        let persisted = match self.store.cursor(&key) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(resource = %key, error = %e, "cannot read the sync cursor; listing afresh");
+                None
+            }
+        };
+        let mut cursor = Cursor {
+            key: key.clone(),
+            seen: persisted.clone(),
+            persisted,
+            last_checkpoint: Instant::now(),
+        };
+        if let Some(rv) = &cursor.seen {
+            tracing::info!(resource = %key, resource_version = %rv, "resuming watch from the stored cursor");
+        }
+        let mut backoff = Backoff::new(self.cfg.backoff_initial, self.cfg.backoff_max);
+        loop {
+            if *shutdown.borrow() {
+                break;
+            }
+            let result = match cursor.seen.clone() {
+                None => self.relist(&mut cursor).await.map(|()| None),
+                Some(rv) => self.watch(&rv, &mut cursor, &mut shutdown).await.map(Some),
+            };
+            match result {
+                Ok(None) => backoff.reset(),
+                Ok(Some(WatchEnd::Closed)) => {}
+                Ok(Some(WatchEnd::Expired)) => {
+                    tracing::info!(resource = %key, "resourceVersion expired; listing again");
+                    cursor.seen = None;
+                }
+                Ok(Some(WatchEnd::Shutdown)) => break,
+                Err(e) => {
+                    self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                    let delay = match &e {
+                        ReflectError::Kube(k) if k.is_expired() => {
+                            cursor.seen = None;
+                            Duration::ZERO
+                        }
+                        ReflectError::Kube(k) => {
+                            self.link.error(k);
+                            delay_after(k, &mut backoff)
+                        }
+                        ReflectError::Store(_) => {
+                            // Unapplied events will be replayed from the persisted cursor.
+                            cursor.seen = cursor.persisted.clone();
+                            backoff.next_delay().max(Duration::from_secs(1))
+                        }
+                    };
+                    if !delay.is_zero() {
+                        tracing::warn!(resource = %key, error = %e, retry_in_ms = delay.as_millis() as u64, "sync error");
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = shutdown.changed() => {}
+                    }
+                }
+            }
+        }
+        self.checkpoint(&mut cursor, true);
+        tracing::debug!(resource = %key, "reflector stopped");
+    }
+
+    /// Lists every page, then replaces the rows in one transaction.
+    async fn relist(&self, cursor: &mut Cursor) -> Result<(), ReflectError> {
+        self.stats.lists.fetch_add(1, Ordering::Relaxed);
+        let ns = self.spec.namespace.as_deref();
+        let mut items = Vec::new();
+        let mut token: Option<String> = None;
+        let mut restarted = false;
+        let rv = loop {
+            let page = match self
+                .client
+                .list(
+                    &self.spec.resource,
+                    ns,
+                    &self.spec.params,
+                    Some(self.cfg.list_page_size),
+                    token.as_deref(),
+                )
+                .await
+            {
+                // The continue token expired between pages: start over, once.
+                Err(e) if e.is_expired() && token.is_some() && !restarted => {
+                    restarted = true;
+                    items.clear();
+                    token = None;
+                    continue;
+                }
+                r => r?,
+            };
+            self.link.online();
+            for raw in page.items {
+                match StoredObject::from_raw(self.spec.resource.kind, raw) {
+                    Ok(obj) if self.spec.keep(&obj.index) => items.push(obj),
+                    Ok(_) => {}
+                    Err(e) => {
+                        self.stats.malformed.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(resource = %cursor.key, error = %e, "skipping malformed object in list");
+                    }
+                }
+            }
+            match page.continue_token {
+                Some(t) => token = Some(t),
+                None => break page.resource_version,
+            }
+        };
+        let stats =
+            self.store
+                .replace_all(self.spec.resource.kind, ns, &items, (&cursor.key, &rv))?;
+        self.stats
+            .written
+            .fetch_add((stats.written + stats.deleted) as u64, Ordering::Relaxed);
+        tracing::info!(resource = %cursor.key, resource_version = %rv, objects = items.len(),
+            written = stats.written, deleted = stats.deleted, "listed");
+        cursor.seen = Some(rv.clone());
+        cursor.persisted = Some(rv);
+        cursor.last_checkpoint = Instant::now();
+        Ok(())
+    }
+
+    async fn watch(
+        &self,
+        rv: &str,
+        cursor: &mut Cursor,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<WatchEnd, ReflectError> {
+        self.stats.watches.fetch_add(1, Ordering::Relaxed);
+        // Like client-go: a random 5-10 minute server-side timeout spreads re-watches.
+        let timeout = fastrand::u32(300..600);
+        let mut stream = self
+            .client
+            .watch(
+                &self.spec.resource,
+                self.spec.namespace.as_deref(),
+                &self.spec.params,
+                rv,
+                timeout,
+            )
+            .await?;
+        self.link.online();
+        loop {
+            let ev = tokio::select! {
+                ev = stream.next() => ev?,
+                _ = shutdown.changed() => return Ok(WatchEnd::Shutdown),
+            };
+            let Some(ev) = ev else {
+                self.checkpoint(cursor, false);
+                return Ok(WatchEnd::Closed);
+            };
+            self.link.online();
+            self.stats.events.fetch_add(1, Ordering::Relaxed);
+            match ev {
+                WatchEvent::Added(raw) | WatchEvent::Modified(raw) => {
+                    self.apply_object(raw, false, cursor)?
+                }
+                WatchEvent::Deleted(raw) => self.apply_object(raw, true, cursor)?,
+                WatchEvent::Bookmark {
+                    resource_version, ..
+                } => {
+                    cursor.seen = Some(resource_version);
+                    self.checkpoint(cursor, false);
+                }
+                WatchEvent::Error(status) if status.code == 410 => return Ok(WatchEnd::Expired),
+                WatchEvent::Error(status) => {
+                    return Err(ReflectError::Kube(KubeError::Status {
+                        request: crate::kube::Request {
+                            verb: "watch",
+                            resource: self.spec.resource.qualified(),
+                            namespace: self.spec.namespace.clone(),
+                            name: None,
+                        },
+                        status,
+                        retry_after: None,
+                        node: String::new(),
+                    }))
+                }
+                WatchEvent::Malformed { reason } => {
+                    self.stats.malformed.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(resource = %cursor.key, %reason, "skipping malformed watch event");
+                }
+            }
+        }
+    }
+
+    fn apply_object(
+        &self,
+        raw: String,
+        deleted: bool,
+        cursor: &mut Cursor,
+    ) -> Result<(), ReflectError> {
+        let obj = match StoredObject::from_raw(self.spec.resource.kind, raw) {
+            Ok(o) => o,
+            Err(e) => {
+                self.stats.malformed.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(resource = %cursor.key, error = %e, "skipping malformed object in watch event");
+                return Ok(());
+            }
+        };
+        let rv = obj.index.resource_version.clone();
+        let change = if deleted || !self.spec.keep(&obj.index) {
+            Change::Delete {
+                namespace: obj.index.namespace.clone(),
+                name: obj.index.name.clone(),
+            }
+        } else {
+            Change::Upsert(obj)
+        };
+        let stats =
+            self.store
+                .apply(self.spec.resource.kind, &[change], Some((&cursor.key, &rv)))?;
+        cursor.seen = Some(rv.clone());
+        if stats.touched() {
+            self.stats
+                .written
+                .fetch_add((stats.written + stats.deleted) as u64, Ordering::Relaxed);
+            cursor.persisted = Some(rv);
+            cursor.last_checkpoint = Instant::now();
+        } else {
+            self.checkpoint(cursor, false);
+        }
+        Ok(())
+    }
+
+    /// Writes the seen version if it is not on disk yet and the last write is old enough
+    /// (or `force`, at shutdown).
+    fn checkpoint(&self, cursor: &mut Cursor, force: bool) {
+        let Some(seen) = &cursor.seen else { return };
+        if cursor.persisted.as_ref() == Some(seen) {
+            return;
+        }
+        if !force && cursor.last_checkpoint.elapsed() < self.cfg.cursor_checkpoint {
+            return;
+        }
+        match self.store.set_cursor(&cursor.key, seen) {
+            Ok(()) => {
+                cursor.persisted = Some(seen.clone());
+                cursor.last_checkpoint = Instant::now();
+            }
+            Err(e) => {
+                tracing::warn!(resource = %cursor.key, error = %e, "cannot checkpoint the sync cursor")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sync_cfg(ns: &[&str]) -> SyncConfig {
+        crate::config::Config::resolve(
+            None,
+            std::path::Path::new("x"),
+            &[],
+            &Default::default(),
+            Some("edge-1".into()),
+        )
+        .map(|mut c| {
+            c.sync.watch_namespaces = ns.iter().map(|s| s.to_string()).collect();
+            c.sync
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn plan_watches_only_what_the_node_needs() {
+        let keys: Vec<String> = plan("edge-1", &sync_cfg(&[]))
+            .iter()
+            .map(|s| s.key())
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "pods?fieldSelector=spec.nodeName=edge-1",
+                "nodes?fieldSelector=metadata.name=edge-1",
+                "daemonsets.apps",
+                "controllerrevisions.apps",
+            ]
+        );
+        let keys: Vec<String> = plan("edge-1", &sync_cfg(&["vehicle", "infra"]))
+            .iter()
+            .map(|s| s.key())
+            .collect();
+        assert_eq!(keys.len(), 6);
+        assert!(keys.contains(&"daemonsets.apps@vehicle".to_string()));
+        assert!(keys.contains(&"controllerrevisions.apps@infra".to_string()));
+    }
+
+    #[test]
+    fn only_daemonset_revisions_are_kept() {
+        let spec = plan("n", &sync_cfg(&[])).pop().unwrap();
+        assert_eq!(spec.resource, CONTROLLER_REVISIONS);
+        let ix = |owner: Option<&str>| ObjectIndex {
+            kind: crate::object::Kind::ControllerRevision,
+            namespace: "ns".into(),
+            name: "r".into(),
+            uid: "u".into(),
+            resource_version: "1".into(),
+            owner_uid: owner.map(|_| "o".into()),
+            owner_kind: owner.map(str::to_string),
+            revision_hash: None,
+            revision: Some(1),
+        };
+        assert!(spec.keep(&ix(Some("DaemonSet"))));
+        assert!(!spec.keep(&ix(Some("StatefulSet"))));
+        assert!(!spec.keep(&ix(None)));
+    }
+
+    #[test]
+    fn backoff_grows_to_the_cap_with_jitter_below_the_ceiling() {
+        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+        let mut ceilings = Vec::new();
+        for _ in 0..8 {
+            let c = b.ceiling();
+            let d = b.next_delay();
+            assert!(d <= c, "{d:?} > {c:?}");
+            ceilings.push(c.as_millis());
+        }
+        assert_eq!(ceilings, [100, 200, 400, 800, 1600, 2000, 2000, 2000]);
+        b.reset();
+        assert_eq!(b.ceiling(), Duration::from_millis(100));
+        // Many attempts never overflow.
+        for _ in 0..100 {
+            b.next_delay();
+        }
+        assert_eq!(b.ceiling(), Duration::from_secs(2));
+    }
+
+    #[test]
+    fn retry_after_wins_over_backoff() {
+        let mut b = Backoff::new(Duration::from_millis(1), Duration::from_millis(2));
+        let e = KubeError::Status {
+            request: crate::kube::Request {
+                verb: "list",
+                resource: "pods".into(),
+                namespace: None,
+                name: None,
+            },
+            status: crate::kube::Status {
+                code: 429,
+                reason: "TooManyRequests".into(),
+                message: "slow down".into(),
+            },
+            retry_after: Some(Duration::from_secs(3)),
+            node: "n".into(),
+        };
+        assert_eq!(delay_after(&e, &mut b), Duration::from_secs(3));
+    }
+}
