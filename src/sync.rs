@@ -105,7 +105,7 @@ impl ReflectorSpec {
     pub fn key(&self) -> String {
         let mut k = self.resource.qualified();
         if let Some(ns) = &self.namespace {
-            k.push_str("@");
+            k.push('@');
             k.push_str(ns);
         }
         if let Some(f) = &self.params.field_selector {
@@ -272,10 +272,17 @@ enum WatchEnd {
 
 #[derive(Debug, thiserror::Error)]
 enum ReflectError {
+    /// Boxed: a KubeError is large and this is the cold path.
     #[error(transparent)]
-    Kube(#[from] KubeError),
+    Kube(Box<KubeError>),
     #[error("cannot write the cache: {0}")]
     Store(#[from] crate::store::StoreError),
+}
+
+impl From<KubeError> for ReflectError {
+    fn from(e: KubeError) -> Self {
+        ReflectError::Kube(Box::new(e))
+    }
 }
 
 struct Reflector {
@@ -466,7 +473,7 @@ impl Reflector {
                 }
                 WatchEvent::Error(status) if status.code == 410 => return Ok(WatchEnd::Expired),
                 WatchEvent::Error(status) => {
-                    return Err(ReflectError::Kube(KubeError::Status {
+                    return Err(ReflectError::from(KubeError::Status {
                         request: crate::kube::Request {
                             verb: "watch",
                             resource: self.spec.resource.qualified(),

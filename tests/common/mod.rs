@@ -1,0 +1,197 @@
+//! Helpers shared by the integration tests: an edgehub configuration pointed at a fake
+//! apiserver, a sync harness, and polling with a deadline.
+
+#![allow(dead_code)]
+
+use edgehub::config::{Config, Overrides};
+use edgehub::kube::{ApiClient, ClientOptions, Kubeconfig};
+use edgehub::store::{OpenMode, Store};
+use edgehub::sync::Sync;
+use edgehub_testsupport::{fixture_body, FakeApiServer, NODE_TOKEN};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A config for node edge-1 with fast timers, so tests finish quickly.
+pub fn test_config(data_dir: &Path, kubeconfig: &Path) -> Config {
+    let toml =
+        "[sync]\nbackoff_initial_ms = 50\nbackoff_max_secs = 1\ncursor_checkpoint_secs = 1\n\
+                request_timeout_secs = 3\nwatch_idle_timeout_secs = 3\n";
+    let flags = Overrides {
+        node_name: Some("edge-1".into()),
+        data_dir: Some(data_dir.to_path_buf()),
+        kubeconfig: Some(kubeconfig.to_path_buf()),
+        ..Default::default()
+    };
+    Config::resolve(Some(toml), Path::new("test.toml"), &[], &flags, None).expect("test config")
+}
+
+pub fn client(config: &Config) -> ApiClient {
+    let kc = Kubeconfig::load(&config.kubeconfig).expect("kubeconfig");
+    ApiClient::new(
+        &kc,
+        ClientOptions {
+            timeout: config.sync.request_timeout,
+            watch_idle_timeout: config.sync.watch_idle_timeout,
+            max_body: config.sync.max_event_bytes,
+            node_name: config.node_name.clone(),
+        },
+    )
+    .expect("client")
+}
+
+/// The recorded cluster state: node edge-1, its two pods, two DaemonSets and their revisions.
+pub fn seed(server: &FakeApiServer) {
+    server.seed_list("pods", &fixture_body("pods_list_node"));
+    server.seed_list("daemonsets", &fixture_body("daemonsets_list_as_node"));
+    server.seed_list(
+        "controllerrevisions",
+        &fixture_body("controllerrevisions_list_rev1"),
+    );
+    server.apply("nodes", fixture_body("node_get_self"));
+}
+
+/// Polls `f` every 20 ms until it is true, or panics after `secs` seconds naming `what`.
+pub async fn wait_until(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        if Instant::now() > deadline {
+            panic!("timed out after {secs}s waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A fake apiserver, a data dir, and start/stop of the reflectors against one store file.
+pub struct Harness {
+    pub server: FakeApiServer,
+    pub dir: tempfile::TempDir,
+    pub config: Config,
+    pub store: Option<Arc<Store>>,
+    sync: Option<(Sync, tokio::sync::watch::Sender<bool>)>,
+}
+
+impl Harness {
+    pub async fn new() -> Harness {
+        let server = FakeApiServer::start().await.expect("fake apiserver");
+        seed(&server);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let kc = server
+            .write_kubeconfig(&dir.path().join("kube"), NODE_TOKEN)
+            .expect("kubeconfig");
+        let config = test_config(&dir.path().join("data"), &kc);
+        Harness {
+            server,
+            dir,
+            config,
+            store: None,
+            sync: None,
+        }
+    }
+
+    pub fn db_path(&self) -> PathBuf {
+        self.config.db_path()
+    }
+
+    pub fn store(&self) -> &Store {
+        self.store.as_deref().expect("store open")
+    }
+
+    /// Opens the store (if closed) and starts the reflectors.
+    pub fn start(&mut self) {
+        if self.store.is_none() {
+            self.store = Some(Arc::new(
+                Store::open(&self.config.db_path(), OpenMode::Normal).expect("store"),
+            ));
+        }
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let sync = Sync::spawn(
+            &self.config,
+            client(&self.config),
+            self.store.clone().expect("store"),
+            rx,
+        );
+        self.sync = Some((sync, tx));
+    }
+
+    pub fn sync(&self) -> &Sync {
+        &self.sync.as_ref().expect("sync running").0
+    }
+
+    /// Stops the reflectors and closes the store, as a process exit would.
+    pub async fn stop(&mut self) {
+        if let Some((sync, tx)) = self.sync.take() {
+            let _ = tx.send(true);
+            tokio::time::timeout(Duration::from_secs(10), sync.join())
+                .await
+                .expect("reflectors stop within 10s");
+        }
+        self.store = None;
+    }
+
+    pub fn count(&self, kind: edgehub::object::Kind) -> u64 {
+        self.store().count(kind).expect("count")
+    }
+
+    /// The stored resourceVersion of one object.
+    pub fn stored_rv(&self, kind: edgehub::object::Kind, ns: &str, name: &str) -> Option<String> {
+        self.store()
+            .get(kind, ns, name)
+            .expect("get")
+            .map(|o| o.index.resource_version)
+    }
+
+    /// Waits until the store holds exactly what the server has for every cached kind.
+    pub async fn wait_converged(&self) {
+        use edgehub::object::Kind;
+        let want = |plural: &str| -> Vec<(String, String)> {
+            let mut v: Vec<_> = self
+                .server
+                .list(plural)
+                .iter()
+                .filter(|o| {
+                    plural != "pods"
+                        || o.pointer("/spec/nodeName").and_then(|n| n.as_str()) == Some("edge-1")
+                })
+                .map(|o| {
+                    (
+                        o["metadata"]["name"].as_str().unwrap_or("").to_string(),
+                        o["metadata"]["resourceVersion"]
+                            .as_str()
+                            .unwrap_or("")
+                            .to_string(),
+                    )
+                })
+                .collect();
+            v.sort();
+            v
+        };
+        let have = |kind: Kind| -> Vec<(String, String)> {
+            let mut v: Vec<_> = self
+                .store()
+                .list(kind)
+                .expect("list")
+                .into_iter()
+                .map(|o| (o.index.name, o.index.resource_version))
+                .collect();
+            v.sort();
+            v
+        };
+        wait_until(15, "cache equals the server", || {
+            have(Kind::Pod) == want("pods")
+                && have(Kind::DaemonSet) == want("daemonsets")
+                && have(Kind::ControllerRevision) == want("controllerrevisions")
+                && have(Kind::Node) == want("nodes")
+        })
+        .await;
+    }
+
+    pub fn lists_of(&self, plural: &str) -> usize {
+        self.server
+            .count(|r| r.is_list_of(plural) && r.status == 200)
+    }
+
+    pub fn watches_of(&self, plural: &str) -> usize {
+        self.server.count(|r| r.is_watch_of(plural))
+    }
+}

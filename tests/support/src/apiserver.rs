@@ -1,0 +1,1907 @@
+//! An in-process fake kube-apiserver over HTTPS.
+//!
+//! It behaves as the recorded responses in `tests/fixtures/apiserver` show, for the requests
+//! edgehub makes: list (field and label selectors, `limit`/`continue`, 410 for compacted
+//! versions), watch (chunked, from a resourceVersion, BOOKMARKs, ERROR 410, streaming initial
+//! events), get, create, update, merge and strategic-merge patches (status subresource too),
+//! and delete with uid preconditions. It authenticates bearer tokens and client certificates,
+//! and emulates the Node authorizer and NodeRestriction for `system:node:<name>` identities.
+//!
+//! Fault knobs: [`FakeApiServer::fail_next`] (500, 429 with Retry-After, ...),
+//! [`FakeApiServer::cut_next_watch_events`] (a stream cut in the middle of an event),
+//! [`FakeApiServer::corrupt_next_watch_events`] (a malformed line), [`FakeApiServer::stall`],
+//! and [`FakeApiServer::set_offline`] (connections refused, open ones dropped).
+
+use crate::certs::TestPki;
+use crate::patch::{merge_patch, strategic_merge_patch};
+use base64::Engine;
+use bytes::Bytes;
+use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
+use serde_json::{json, Map, Value};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+
+type Body = BoxBody<Bytes, std::io::Error>;
+
+/// An early answer of a request handler (a Status error), boxed to keep `Result`s small.
+type Reject = Box<Response<Body>>;
+
+/// A resource type the fake serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResourceType {
+    pub group: &'static str,
+    pub version: &'static str,
+    pub plural: &'static str,
+    pub kind: &'static str,
+    pub namespaced: bool,
+}
+
+impl ResourceType {
+    fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.to_string()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    fn qualified(&self) -> String {
+        if self.group.is_empty() {
+            self.plural.to_string()
+        } else {
+            format!("{}.{}", self.plural, self.group)
+        }
+    }
+}
+
+pub const RESOURCES: &[ResourceType] = &[
+    ResourceType {
+        group: "",
+        version: "v1",
+        plural: "pods",
+        kind: "Pod",
+        namespaced: true,
+    },
+    ResourceType {
+        group: "",
+        version: "v1",
+        plural: "nodes",
+        kind: "Node",
+        namespaced: false,
+    },
+    ResourceType {
+        group: "",
+        version: "v1",
+        plural: "configmaps",
+        kind: "ConfigMap",
+        namespaced: true,
+    },
+    ResourceType {
+        group: "",
+        version: "v1",
+        plural: "secrets",
+        kind: "Secret",
+        namespaced: true,
+    },
+    ResourceType {
+        group: "",
+        version: "v1",
+        plural: "events",
+        kind: "Event",
+        namespaced: true,
+    },
+    ResourceType {
+        group: "",
+        version: "v1",
+        plural: "serviceaccounts",
+        kind: "ServiceAccount",
+        namespaced: true,
+    },
+    ResourceType {
+        group: "apps",
+        version: "v1",
+        plural: "daemonsets",
+        kind: "DaemonSet",
+        namespaced: true,
+    },
+    ResourceType {
+        group: "apps",
+        version: "v1",
+        plural: "controllerrevisions",
+        kind: "ControllerRevision",
+        namespaced: true,
+    },
+    ResourceType {
+        group: "coordination.k8s.io",
+        version: "v1",
+        plural: "leases",
+        kind: "Lease",
+        namespaced: true,
+    },
+];
+
+pub fn resource_type(plural: &str) -> &'static ResourceType {
+    RESOURCES
+        .iter()
+        .find(|r| r.plural == plural)
+        .unwrap_or_else(|| panic!("fake apiserver does not serve {plural}"))
+}
+
+/// An injected failure for the next matching request.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub status: u16,
+    pub retry_after: Option<u64>,
+    /// Only requests whose path and query contain all of these.
+    pub uri_contains: Vec<String>,
+}
+
+/// One request as the fake saw it.
+#[derive(Debug, Clone)]
+pub struct LoggedRequest {
+    pub method: String,
+    pub path: String,
+    pub query: BTreeMap<String, String>,
+    pub user: Option<String>,
+    pub status: u16,
+    /// When the request arrived.
+    pub at: std::time::Instant,
+}
+
+impl LoggedRequest {
+    pub fn is_watch(&self) -> bool {
+        matches!(
+            self.query.get("watch").map(String::as_str),
+            Some("1" | "true")
+        )
+    }
+
+    /// A list (not a watch) of the collection whose path ends with `plural`.
+    pub fn is_list_of(&self, plural: &str) -> bool {
+        self.method == "GET" && !self.is_watch() && self.path.ends_with(&format!("/{plural}"))
+    }
+
+    pub fn is_watch_of(&self, plural: &str) -> bool {
+        self.method == "GET" && self.is_watch() && self.path.ends_with(&format!("/{plural}"))
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Event {
+    rv: u64,
+    kind: &'static str,
+    plural: &'static str,
+    object: Value,
+    /// The object before this change, for selector transitions.
+    prev: Option<Value>,
+}
+
+#[derive(Default)]
+struct Db {
+    rv: u64,
+    compacted: u64,
+    /// (plural, namespace, name) -> object with kind and apiVersion.
+    objects: BTreeMap<(String, String, String), Value>,
+    history: Vec<Event>,
+}
+
+#[derive(Default)]
+struct Faults {
+    fail_next: VecDeque<Failure>,
+    cut_watch_events: usize,
+    corrupt_watch_events: usize,
+}
+
+struct State {
+    db: Mutex<Db>,
+    rv_tx: watch::Sender<u64>,
+    faults: Mutex<Faults>,
+    stalled: AtomicBool,
+    log: Mutex<Vec<LoggedRequest>>,
+    tokens: Mutex<HashMap<String, String>>,
+    certs: Mutex<HashMap<Vec<u8>, String>>,
+    /// Bumped to drop every open connection.
+    kill_tx: watch::Sender<u64>,
+    rbac_edgehub: AtomicBool,
+    bookmark_ms: AtomicU64,
+    uid_counter: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The fake apiserver. Dropping it stops it.
+pub struct FakeApiServer {
+    pub addr: SocketAddr,
+    pub pki: Arc<TestPki>,
+    state: Arc<State>,
+    tls: Arc<rustls::ServerConfig>,
+    accept: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Drop for FakeApiServer {
+    fn drop(&mut self) {
+        if let Some(h) = lock(&self.accept).take() {
+            h.abort();
+        }
+        self.state.kill_tx.send_modify(|v| *v += 1);
+    }
+}
+
+/// The node identity the fixtures were recorded with.
+pub const NODE_USER: &str = "system:node:edge-1";
+pub const NODE_TOKEN: &str = "edge-1-token";
+pub const ADMIN_TOKEN: &str = "admin-token";
+
+impl FakeApiServer {
+    /// Starts on 127.0.0.1 with a random port.
+    pub async fn start() -> anyhow::Result<FakeApiServer> {
+        Self::start_on("127.0.0.1:0".parse()?).await
+    }
+
+    pub async fn start_on(addr: SocketAddr) -> anyhow::Result<FakeApiServer> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let pki = Arc::new(TestPki::generate()?);
+        let tls = Arc::new(server_tls(&pki)?);
+        let (rv_tx, _) = watch::channel(0);
+        let (kill_tx, _) = watch::channel(0);
+        let state = Arc::new(State {
+            db: Mutex::new(Db::default()),
+            rv_tx,
+            faults: Mutex::new(Faults::default()),
+            stalled: AtomicBool::new(false),
+            log: Mutex::new(Vec::new()),
+            tokens: Mutex::new(HashMap::from([
+                (NODE_TOKEN.to_string(), NODE_USER.to_string()),
+                (ADMIN_TOKEN.to_string(), "admin".to_string()),
+            ])),
+            certs: Mutex::new(HashMap::new()),
+            kill_tx,
+            rbac_edgehub: AtomicBool::new(true),
+            bookmark_ms: AtomicU64::new(60_000),
+            uid_counter: AtomicU64::new(1),
+        });
+        let listener = TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let server = FakeApiServer {
+            addr,
+            pki,
+            state,
+            tls,
+            accept: Mutex::new(None),
+        };
+        server.spawn_accept(listener);
+        Ok(server)
+    }
+
+    fn spawn_accept(&self, listener: TcpListener) {
+        let state = self.state.clone();
+        let acceptor = tokio_rustls::TlsAcceptor::from(self.tls.clone());
+        let h = tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    continue;
+                };
+                let state = state.clone();
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let mut kill = state.kill_tx.subscribe();
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let cert_user = tls
+                        .get_ref()
+                        .1
+                        .peer_certificates()
+                        .and_then(|c| c.first())
+                        .and_then(|c| lock(&state.certs).get(c.as_ref()).cloned());
+                    let st = state.clone();
+                    let svc = hyper::service::service_fn(move |req| {
+                        let st = st.clone();
+                        let cu = cert_user.clone();
+                        async move { Ok::<_, Infallible>(handle(st, cu, req).await) }
+                    });
+                    let conn = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(tls), svc);
+                    tokio::select! {
+                        _ = conn => {}
+                        _ = kill.changed() => {}
+                    }
+                });
+            }
+        });
+        *lock(&self.accept) = Some(h);
+    }
+
+    pub fn url(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+
+    /// Writes a kubeconfig for this server into `dir` and returns its path.
+    pub fn write_kubeconfig(
+        &self,
+        dir: &std::path::Path,
+        token: &str,
+    ) -> anyhow::Result<std::path::PathBuf> {
+        std::fs::create_dir_all(dir)?;
+        let ca = dir.join("ca.crt");
+        std::fs::write(&ca, &self.pki.ca_pem)?;
+        let path = dir.join("kubeconfig");
+        std::fs::write(
+            &path,
+            kubeconfig_yaml(&self.url(), "ca.crt", &format!("token: {token}")),
+        )?;
+        Ok(path)
+    }
+
+    /// Writes a kubeconfig that authenticates with a fresh client certificate for `user`.
+    pub fn write_cert_kubeconfig(
+        &self,
+        dir: &std::path::Path,
+        user: &str,
+    ) -> anyhow::Result<std::path::PathBuf> {
+        std::fs::create_dir_all(dir)?;
+        let cert = self.pki.client_cert(user, "system:nodes")?;
+        lock(&self.state.certs).insert(cert.der.clone(), user.to_string());
+        std::fs::write(dir.join("ca.crt"), &self.pki.ca_pem)?;
+        std::fs::write(dir.join("client.crt"), &cert.cert_pem)?;
+        std::fs::write(dir.join("client.key"), &cert.key_pem)?;
+        let path = dir.join("kubeconfig");
+        std::fs::write(
+            &path,
+            kubeconfig_yaml(
+                &self.url(),
+                "ca.crt",
+                "client-certificate: client.crt\n    client-key: client.key",
+            ),
+        )?;
+        Ok(path)
+    }
+
+    // ---- state manipulation, as the cloud side would do it ----
+
+    /// Creates or replaces an object (kind and apiVersion are filled in), bumping the
+    /// resourceVersion and emitting ADDED or MODIFIED. Returns the stored object.
+    pub fn apply(&self, plural: &str, mut obj: Value) -> Value {
+        let rt = resource_type(plural);
+        let mut db = lock(&self.state.db);
+        fill_type(&mut obj, rt);
+        let key = key_of(rt, &obj);
+        let prev = db.objects.get(&key).cloned();
+        if obj.pointer("/metadata/uid").is_none() {
+            let uid = prev
+                .as_ref()
+                .and_then(|p| p.pointer("/metadata/uid").cloned())
+                .unwrap_or_else(|| Value::String(self.state.new_uid()));
+            obj["metadata"]["uid"] = uid;
+        }
+        let out = commit(&self.state, &mut db, rt, key, obj, prev);
+        drop(db);
+        self.state.rv_tx.send_replace(lock(&self.state.db).rv);
+        out
+    }
+
+    /// Changes an existing object in place with `f`.
+    pub fn modify(
+        &self,
+        plural: &str,
+        namespace: &str,
+        name: &str,
+        f: impl FnOnce(&mut Value),
+    ) -> Value {
+        let mut obj = self
+            .get(plural, namespace, name)
+            .unwrap_or_else(|| panic!("no {plural} {namespace}/{name}"));
+        f(&mut obj);
+        self.apply(plural, obj)
+    }
+
+    /// Deletes an object at once, emitting DELETED.
+    pub fn remove(&self, plural: &str, namespace: &str, name: &str) -> Option<Value> {
+        let rt = resource_type(plural);
+        let mut db = lock(&self.state.db);
+        let out = remove_locked(&mut db, rt, namespace, name);
+        let rv = db.rv;
+        drop(db);
+        self.state.rv_tx.send_replace(rv);
+        out
+    }
+
+    pub fn get(&self, plural: &str, namespace: &str, name: &str) -> Option<Value> {
+        lock(&self.state.db)
+            .objects
+            .get(&(plural.to_string(), namespace.to_string(), name.to_string()))
+            .cloned()
+    }
+
+    pub fn list(&self, plural: &str) -> Vec<Value> {
+        lock(&self.state.db)
+            .objects
+            .iter()
+            .filter(|((p, _, _), _)| p == plural)
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+
+    /// Loads the items of a recorded list response (a fixture) as they are, keeping their
+    /// resourceVersions, and moves the server's version past the list's.
+    pub fn seed_list(&self, plural: &str, list: &Value) {
+        let rt = resource_type(plural);
+        let mut db = lock(&self.state.db);
+        for item in list["items"].as_array().cloned().unwrap_or_default() {
+            let mut obj = item;
+            fill_type(&mut obj, rt);
+            let key = key_of(rt, &obj);
+            db.objects.insert(key, obj);
+        }
+        let list_rv: u64 = list
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        db.rv = db.rv.max(list_rv);
+        let rv = db.rv;
+        drop(db);
+        self.state.rv_tx.send_replace(rv);
+    }
+
+    /// The current resourceVersion.
+    pub fn resource_version(&self) -> u64 {
+        lock(&self.state.db).rv
+    }
+
+    /// Forgets history up to now: watches and continue tokens from older versions get 410.
+    pub fn compact(&self) {
+        let mut db = lock(&self.state.db);
+        db.compacted = db.rv;
+        db.history.clear();
+    }
+
+    // ---- knobs ----
+
+    /// The next `n` requests whose path and query contain every string of `uri_contains` fail
+    /// with `status`.
+    pub fn fail_next(
+        &self,
+        n: usize,
+        status: u16,
+        retry_after: Option<u64>,
+        uri_contains: &[&str],
+    ) {
+        let mut f = lock(&self.state.faults);
+        for _ in 0..n {
+            f.fail_next.push_back(Failure {
+                status,
+                retry_after,
+                uri_contains: uri_contains.iter().map(|s| s.to_string()).collect(),
+            });
+        }
+    }
+
+    /// The next `n` watch events are cut in the middle, ending their streams.
+    pub fn cut_next_watch_events(&self, n: usize) {
+        lock(&self.state.faults).cut_watch_events += n;
+    }
+
+    /// A malformed line is sent before each of the next `n` watch events.
+    pub fn corrupt_next_watch_events(&self, n: usize) {
+        lock(&self.state.faults).corrupt_watch_events += n;
+    }
+
+    /// While stalled, requests get no answer and watches send nothing.
+    pub fn stall(&self, on: bool) {
+        self.state.stalled.store(on, Ordering::SeqCst);
+    }
+
+    /// Offline: the port refuses connections and open ones are dropped. Online: listen again
+    /// on the same port.
+    pub async fn set_offline(&self, offline: bool) -> anyhow::Result<()> {
+        if offline {
+            let handle = lock(&self.accept).take();
+            if let Some(h) = handle {
+                h.abort();
+                let _ = h.await;
+            }
+            self.state.kill_tx.send_modify(|v| *v += 1);
+        } else if lock(&self.accept).is_none() {
+            let listener = TcpListener::bind(self.addr).await?;
+            self.spawn_accept(listener);
+        }
+        Ok(())
+    }
+
+    /// Drops every open connection (watches included) without refusing new ones.
+    pub fn drop_connections(&self) {
+        self.state.kill_tx.send_modify(|v| *v += 1);
+    }
+
+    /// Whether the `edgehub` ClusterRole (deploy/rbac.yaml) is bound: without it a node gets
+    /// 403 on daemonsets and controllerrevisions.
+    pub fn set_rbac_edgehub(&self, bound: bool) {
+        self.state.rbac_edgehub.store(bound, Ordering::SeqCst);
+    }
+
+    pub fn set_bookmark_interval(&self, d: Duration) {
+        self.state
+            .bookmark_ms
+            .store(d.as_millis().max(1) as u64, Ordering::SeqCst);
+    }
+
+    pub fn add_token(&self, token: &str, user: &str) {
+        lock(&self.state.tokens).insert(token.into(), user.into());
+    }
+
+    pub fn requests(&self) -> Vec<LoggedRequest> {
+        lock(&self.state.log).clone()
+    }
+
+    pub fn count(&self, f: impl Fn(&LoggedRequest) -> bool) -> usize {
+        lock(&self.state.log).iter().filter(|r| f(r)).count()
+    }
+
+    pub fn clear_log(&self) {
+        lock(&self.state.log).clear();
+    }
+}
+
+fn kubeconfig_yaml(server: &str, ca_file: &str, user: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\ncurrent-context: edge\nclusters:\n- name: fake\n  cluster:\n    server: {server}\n    certificate-authority: {ca_file}\ncontexts:\n- name: edge\n  context:\n    cluster: fake\n    user: node\nusers:\n- name: node\n  user:\n    {user}\n"
+    )
+}
+
+fn server_tls(pki: &TestPki) -> anyhow::Result<rustls::ServerConfig> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_slice(pki.ca_pem.as_bytes())?)?;
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .allow_unauthenticated()
+    .build()?;
+    let chain = vec![CertificateDer::from_pem_slice(
+        pki.server_cert_pem.as_bytes(),
+    )?];
+    let key = PrivateKeyDer::from_pem_slice(pki.server_key_pem.as_bytes())?;
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)?;
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(cfg)
+}
+
+impl State {
+    fn new_uid(&self) -> String {
+        let n = self.uid_counter.fetch_add(1, Ordering::Relaxed);
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        let a = seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        format!(
+            "{:08x}-{:04x}-4{:03x}-8{:03x}-{:012x}",
+            (a >> 32) as u32,
+            (a >> 16) as u16,
+            (a & 0xfff) as u16,
+            (n & 0xfff) as u16,
+            n
+        )
+    }
+}
+
+fn fill_type(obj: &mut Value, rt: &ResourceType) {
+    if let Value::Object(m) = obj {
+        let mut out = Map::new();
+        out.insert("kind".into(), rt.kind.into());
+        out.insert("apiVersion".into(), rt.api_version().into());
+        for (k, v) in std::mem::take(m) {
+            if k != "kind" && k != "apiVersion" {
+                out.insert(k, v);
+            }
+        }
+        *m = out;
+    }
+}
+
+fn key_of(rt: &ResourceType, obj: &Value) -> (String, String, String) {
+    let s = |p: &str| {
+        obj.pointer(p)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    (
+        rt.plural.to_string(),
+        if rt.namespaced {
+            s("/metadata/namespace")
+        } else {
+            String::new()
+        },
+        s("/metadata/name"),
+    )
+}
+
+/// Stores `obj` at a new resourceVersion and records the event.
+fn commit(
+    state: &State,
+    db: &mut Db,
+    rt: &'static ResourceType,
+    key: (String, String, String),
+    mut obj: Value,
+    prev: Option<Value>,
+) -> Value {
+    db.rv += 1;
+    obj["metadata"]["resourceVersion"] = db.rv.to_string().into();
+    if obj.pointer("/metadata/creationTimestamp").is_none() {
+        obj["metadata"]["creationTimestamp"] = now_rfc3339().into();
+    }
+    if obj.pointer("/metadata/uid").is_none() {
+        obj["metadata"]["uid"] = state.new_uid().into();
+    }
+    db.objects.insert(key, obj.clone());
+    db.history.push(Event {
+        rv: db.rv,
+        kind: if prev.is_some() { "MODIFIED" } else { "ADDED" },
+        plural: rt.plural,
+        object: obj.clone(),
+        prev,
+    });
+    obj
+}
+
+fn remove_locked(
+    db: &mut Db,
+    rt: &'static ResourceType,
+    namespace: &str,
+    name: &str,
+) -> Option<Value> {
+    let key = (
+        rt.plural.to_string(),
+        if rt.namespaced {
+            namespace.to_string()
+        } else {
+            String::new()
+        },
+        name.to_string(),
+    );
+    let mut obj = db.objects.remove(&key)?;
+    db.rv += 1;
+    obj["metadata"]["resourceVersion"] = db.rv.to_string().into();
+    db.history.push(Event {
+        rv: db.rv,
+        kind: "DELETED",
+        plural: rt.plural,
+        object: obj.clone(),
+        prev: Some(obj.clone()),
+    });
+    Some(obj)
+}
+
+/// RFC 3339 UTC time of now, without pulling in a date crate.
+pub fn now_rfc3339() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Request handling
+
+struct Route {
+    rt: &'static ResourceType,
+    namespace: Option<String>,
+    name: Option<String>,
+    sub: Option<String>,
+}
+
+fn parse_path(path: &str) -> Option<Route> {
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (group, version, rest) = match segs.as_slice() {
+        ["api", v, rest @ ..] => ("", *v, rest),
+        ["apis", g, v, rest @ ..] => (*g, *v, rest),
+        _ => return None,
+    };
+    let (namespace, rest) = match rest {
+        ["namespaces", ns, rest @ ..] if !rest.is_empty() => (Some(ns.to_string()), rest),
+        rest => (None, rest),
+    };
+    let (plural, name, sub) = match rest {
+        [p] => (*p, None, None),
+        [p, n] => (*p, Some(n.to_string()), None),
+        [p, n, s] => (*p, Some(n.to_string()), Some(s.to_string())),
+        _ => return None,
+    };
+    let rt = RESOURCES
+        .iter()
+        .find(|r| r.group == group && r.version == version && r.plural == plural)?;
+    if namespace.is_some() && !rt.namespaced {
+        return None;
+    }
+    Some(Route {
+        rt,
+        namespace,
+        name,
+        sub,
+    })
+}
+
+fn parse_query(q: Option<&str>) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for pair in q.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let dec = |s: &str| {
+            percent_encoding::percent_decode_str(&s.replace('+', " "))
+                .decode_utf8_lossy()
+                .into_owned()
+        };
+        out.insert(dec(k), dec(v));
+    }
+    out
+}
+
+fn full(code: StatusCode, content_type: &str, body: Vec<u8>) -> Response<Body> {
+    Response::builder()
+        .status(code)
+        .header("content-type", content_type)
+        .body(
+            Full::new(Bytes::from(body))
+                .map_err(|never| match never {})
+                .boxed(),
+        )
+        .unwrap_or_else(|_| {
+            Response::new(
+                Full::new(Bytes::new())
+                    .map_err(|never| match never {})
+                    .boxed(),
+            )
+        })
+}
+
+fn json_response(code: u16, v: &Value) -> Response<Body> {
+    full(
+        StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        "application/json",
+        serde_json::to_vec(v).unwrap_or_default(),
+    )
+}
+
+/// A Status body in the apiserver's field order.
+pub fn status_body(code: u16, reason: &str, message: &str, details: Option<Value>) -> Value {
+    let mut m = Map::new();
+    m.insert("kind".into(), "Status".into());
+    m.insert("apiVersion".into(), "v1".into());
+    m.insert("metadata".into(), json!({}));
+    m.insert("status".into(), "Failure".into());
+    m.insert("message".into(), message.into());
+    m.insert("reason".into(), reason.into());
+    if let Some(d) = details {
+        m.insert("details".into(), d);
+    }
+    m.insert("code".into(), code.into());
+    Value::Object(m)
+}
+
+fn status(code: u16, reason: &str, message: &str, details: Option<Value>) -> Response<Body> {
+    json_response(code, &status_body(code, reason, message, details))
+}
+
+async fn handle(
+    state: Arc<State>,
+    cert_user: Option<String>,
+    req: Request<Incoming>,
+) -> Response<Body> {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let uri = req.uri().to_string();
+    let at = std::time::Instant::now();
+    let query = parse_query(req.uri().query());
+    let token_user = req
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(|t| lock(&state.tokens).get(t.trim()).cloned());
+    let user = token_user.or(cert_user);
+    let content_type = req
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let body = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => Bytes::new(),
+    };
+
+    while state.stalled.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let resp = route(
+        &state,
+        user.as_deref(),
+        &method,
+        &uri,
+        &path,
+        &query,
+        &content_type,
+        &body,
+    )
+    .await;
+    lock(&state.log).push(LoggedRequest {
+        method: method.to_string(),
+        path,
+        query,
+        user,
+        status: resp.status().as_u16(),
+        at,
+    });
+    resp
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn route(
+    state: &Arc<State>,
+    user: Option<&str>,
+    method: &Method,
+    uri: &str,
+    path: &str,
+    query: &BTreeMap<String, String>,
+    content_type: &str,
+    body: &[u8],
+) -> Response<Body> {
+    let Some(user) = user else {
+        return status(401, "Unauthorized", "Unauthorized", None);
+    };
+    let injected = {
+        let mut f = lock(&state.faults);
+        let pos = f
+            .fail_next
+            .iter()
+            .position(|x| x.uri_contains.iter().all(|p| uri.contains(p.as_str())));
+        pos.and_then(|i| f.fail_next.remove(i))
+    };
+    if let Some(fail) = injected {
+        let (reason, message) = match fail.status {
+            429 => ("TooManyRequests", "Too many requests, please try again later."),
+            410 => ("Expired", "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue value from the response to retrieve the remainder of the results."),
+            503 => ("ServiceUnavailable", "The server is currently unable to handle the request"),
+            _ => ("InternalError", "Internal error occurred: injected failure"),
+        };
+        let mut resp = status(fail.status, reason, message, None);
+        if let Some(ra) = fail.retry_after {
+            if let Ok(v) = hyper::header::HeaderValue::from_str(&ra.to_string()) {
+                resp.headers_mut().insert("retry-after", v);
+            }
+        }
+        return resp;
+    }
+    let Some(route) = parse_path(path) else {
+        return status(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+            None,
+        );
+    };
+    if let Some(denied) = authorize(state, user, method, &route, query, body) {
+        return denied;
+    }
+    let rt = route.rt;
+    match (method, route.name.as_deref(), route.sub.as_deref()) {
+        (&Method::GET, None, None) => {
+            if matches!(query.get("watch").map(String::as_str), Some("1" | "true")) {
+                watch(state, rt, route.namespace, query)
+            } else {
+                list(state, rt, route.namespace.as_deref(), query)
+            }
+        }
+        (&Method::GET, Some(name), None) => get(state, rt, route.namespace.as_deref(), name),
+        (&Method::POST, None, None) => create(state, rt, route.namespace.as_deref(), body),
+        (&Method::POST, Some(_), Some("token")) => {
+            token_request(state, route.namespace.as_deref(), body)
+        }
+        (&Method::PUT, Some(name), None) => {
+            update(state, rt, route.namespace.as_deref(), name, body)
+        }
+        (&Method::PATCH, Some(name), sub @ (None | Some("status"))) => patch(
+            state,
+            rt,
+            route.namespace.as_deref(),
+            name,
+            sub.is_some(),
+            content_type,
+            body,
+        ),
+        (&Method::DELETE, Some(name), None) => {
+            delete(state, rt, route.namespace.as_deref(), name, body)
+        }
+        _ => status(
+            405,
+            "MethodNotAllowed",
+            "the server does not allow this method on the requested resource",
+            None,
+        ),
+    }
+}
+
+fn node_of(user: &str) -> Option<&str> {
+    user.strip_prefix("system:node:")
+}
+
+fn verb(method: &Method, route: &Route, query: &BTreeMap<String, String>) -> &'static str {
+    match (method, route.name.is_some()) {
+        (&Method::GET, false)
+            if matches!(query.get("watch").map(String::as_str), Some("1" | "true")) =>
+        {
+            "watch"
+        }
+        (&Method::GET, false) => "list",
+        (&Method::GET, true) => "get",
+        (&Method::POST, _) => "create",
+        (&Method::PUT, _) => "update",
+        (&Method::PATCH, _) => "patch",
+        (&Method::DELETE, _) => "delete",
+        _ => "unknown",
+    }
+}
+
+fn forbidden(user: &str, verb: &str, route: &Route, suffix: &str) -> Response<Body> {
+    let rt = route.rt;
+    let subject = match &route.name {
+        Some(n) => format!("{} \"{n}\"", rt.qualified()),
+        None => rt.qualified(),
+    };
+    let scope = match &route.namespace {
+        Some(ns) => format!("in the namespace \"{ns}\""),
+        None => "at the cluster scope".into(),
+    };
+    let mut details = Map::new();
+    if let Some(n) = &route.name {
+        details.insert("name".into(), n.clone().into());
+    }
+    if !rt.group.is_empty() {
+        details.insert("group".into(), rt.group.into());
+    }
+    details.insert("kind".into(), rt.plural.into());
+    status(
+        403,
+        "Forbidden",
+        &format!(
+            "{subject} is forbidden: User \"{user}\" cannot {verb} resource \"{}\" in API group \"{}\" {scope}{suffix}",
+            rt.plural, rt.group
+        ),
+        Some(Value::Object(details)),
+    )
+}
+
+/// The Node authorizer and NodeRestriction, for the requests the fixtures recorded.
+fn authorize(
+    state: &State,
+    user: &str,
+    method: &Method,
+    route: &Route,
+    query: &BTreeMap<String, String>,
+    body: &[u8],
+) -> Option<Response<Body>> {
+    let node = node_of(user)?;
+    let v = verb(method, route, query);
+    let rt = route.rt;
+    match rt.plural {
+        "daemonsets" | "controllerrevisions" => {
+            let read = matches!(v, "get" | "list" | "watch");
+            if !read || !state.rbac_edgehub.load(Ordering::SeqCst) {
+                return Some(forbidden(user, v, route, ""));
+            }
+        }
+        "secrets" if route.name.is_none() => {
+            return Some(forbidden(user, v, route, ": No Object name found"));
+        }
+        "pods" => {
+            if let Some(name) = &route.name {
+                let ns = route.namespace.clone().unwrap_or_default();
+                let bound = lock(&state.db)
+                    .objects
+                    .get(&("pods".into(), ns, name.clone()))
+                    .and_then(|p| {
+                        p.pointer("/spec/nodeName")
+                            .and_then(Value::as_str)
+                            .map(|n| n == node)
+                    })
+                    .unwrap_or(false);
+                if !bound {
+                    return Some(forbidden(
+                        user,
+                        v,
+                        route,
+                        &format!(": no relationship found between node '{node}' and this object"),
+                    ));
+                }
+                if v == "patch" && route.sub.is_none() {
+                    return Some(forbidden(user, v, route, ""));
+                }
+            }
+        }
+        "nodes" => {
+            let target = match &route.name {
+                Some(n) => Some(n.clone()),
+                None if v == "create" => serde_json::from_slice::<Value>(body).ok().and_then(|b| {
+                    b.pointer("/metadata/name")
+                        .and_then(Value::as_str)
+                        .map(str::to_string)
+                }),
+                None => None,
+            };
+            if matches!(v, "create" | "update" | "patch" | "delete") {
+                if let Some(t) = target {
+                    if t != node {
+                        return Some(status(
+                            403,
+                            "Forbidden",
+                            &format!("nodes \"{t}\" is forbidden: node \"{node}\" is not allowed to modify node \"{t}\""),
+                            Some(json!({"name": t, "kind": "nodes"})),
+                        ));
+                    }
+                    let labels: Vec<String> = serde_json::from_slice::<Value>(body)
+                        .ok()
+                        .and_then(|b| {
+                            b.pointer("/metadata/labels")
+                                .and_then(Value::as_object)
+                                .cloned()
+                        })
+                        .map(|m| {
+                            m.keys()
+                                .filter(|k| k.starts_with("node-role.kubernetes.io/"))
+                                .cloned()
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    if !labels.is_empty() {
+                        return Some(status(
+                            403,
+                            "Forbidden",
+                            &format!(
+                                "nodes \"{t}\" is forbidden: node \"{node}\" is not allowed to set the following labels: {}",
+                                labels.join(", ")
+                            ),
+                            Some(json!({"name": t, "kind": "nodes"})),
+                        ));
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+    None
+}
+
+/// A parsed selector: conjunction of requirements.
+#[derive(Debug, Clone, Default)]
+struct Selector(Vec<Req>);
+
+#[derive(Debug, Clone)]
+enum Req {
+    Eq(String, String),
+    Ne(String, String),
+    Exists(String),
+    NotExists(String),
+    In(String, Vec<String>),
+    NotIn(String, Vec<String>),
+}
+
+fn split_top(s: &str) -> Vec<String> {
+    let (mut out, mut cur, mut depth) = (Vec::new(), String::new(), 0);
+    for c in s.chars() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(std::mem::take(&mut cur));
+                continue;
+            }
+            _ => {}
+        }
+        cur.push(c);
+    }
+    out.push(cur);
+    out.into_iter()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+fn parse_selector(s: &str) -> Result<Selector, String> {
+    let mut reqs = Vec::new();
+    for part in split_top(s) {
+        let set = |p: &str, op: &str| -> Option<(String, Vec<String>)> {
+            let (k, rest) = p.split_once(op)?;
+            let vals = rest.trim().strip_prefix('(')?.strip_suffix(')')?;
+            Some((
+                k.trim().to_string(),
+                vals.split(',').map(|v| v.trim().to_string()).collect(),
+            ))
+        };
+        let r = if let Some((k, v)) = part.split_once("!=") {
+            Req::Ne(k.trim().into(), v.trim().into())
+        } else if let Some((k, v)) = part.split_once("==") {
+            Req::Eq(k.trim().into(), v.trim().into())
+        } else if let Some((k, v)) = part.split_once('=') {
+            Req::Eq(k.trim().into(), v.trim().into())
+        } else if let Some((k, vs)) = set(&part, " notin ") {
+            Req::NotIn(k, vs)
+        } else if let Some((k, vs)) = set(&part, " in ") {
+            Req::In(k, vs)
+        } else if let Some(k) = part.strip_prefix('!') {
+            Req::NotExists(k.trim().into())
+        } else if part
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-._/".contains(c))
+        {
+            Req::Exists(part)
+        } else {
+            return Err(format!("unable to parse requirement: {part:?}"));
+        };
+        reqs.push(r);
+    }
+    Ok(Selector(reqs))
+}
+
+impl Selector {
+    fn matches(&self, get: impl Fn(&str) -> Option<String>) -> bool {
+        self.0.iter().all(|r| match r {
+            Req::Eq(k, v) => get(k).as_deref() == Some(v.as_str()),
+            Req::Ne(k, v) => get(k).as_deref() != Some(v.as_str()),
+            Req::Exists(k) => get(k).is_some(),
+            Req::NotExists(k) => get(k).is_none(),
+            Req::In(k, vs) => get(k).is_some_and(|x| vs.contains(&x)),
+            Req::NotIn(k, vs) => get(k).is_none_or(|x| !vs.contains(&x)),
+        })
+    }
+}
+
+const FIELDS: &[(&str, &str)] = &[
+    ("metadata.name", "/metadata/name"),
+    ("metadata.namespace", "/metadata/namespace"),
+    ("spec.nodeName", "/spec/nodeName"),
+];
+
+struct Filter {
+    namespace: Option<String>,
+    fields: Selector,
+    labels: Selector,
+}
+
+impl Filter {
+    fn from_query(
+        namespace: Option<String>,
+        rt: &ResourceType,
+        q: &BTreeMap<String, String>,
+    ) -> Result<Filter, Reject> {
+        let bad = |m: String| Box::new(status(400, "BadRequest", &m, None));
+        let fields = parse_selector(q.get("fieldSelector").map(String::as_str).unwrap_or(""))
+            .map_err(bad)?;
+        for r in &fields.0 {
+            let (Req::Eq(k, _) | Req::Ne(k, _)) = r else {
+                return Err(bad("field selectors support only =, == and !=".into()));
+            };
+            if !FIELDS.iter().any(|(f, _)| f == k) || (k == "spec.nodeName" && rt.plural != "pods")
+            {
+                return Err(bad(format!("field label not supported: {k}")));
+            }
+        }
+        let labels = parse_selector(q.get("labelSelector").map(String::as_str).unwrap_or(""))
+            .map_err(bad)?;
+        Ok(Filter {
+            namespace,
+            fields,
+            labels,
+        })
+    }
+
+    fn matches(&self, obj: &Value) -> bool {
+        if let Some(ns) = &self.namespace {
+            if obj.pointer("/metadata/namespace").and_then(Value::as_str) != Some(ns) {
+                return false;
+            }
+        }
+        self.fields.matches(|k| {
+            let p = FIELDS.iter().find(|(f, _)| *f == k)?.1;
+            Some(
+                obj.pointer(p)
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+            )
+        }) && self.labels.matches(|k| {
+            obj.pointer("/metadata/labels")
+                .and_then(|l| l.get(k))
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        })
+    }
+}
+
+fn strip_type(obj: &Value) -> Value {
+    let mut o = obj.clone();
+    if let Value::Object(m) = &mut o {
+        // shift_remove keeps the apiserver's field order (remove would swap fields).
+        m.shift_remove("kind");
+        m.shift_remove("apiVersion");
+    }
+    o
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ContinueToken {
+    v: String,
+    rv: u64,
+    start: String,
+}
+
+fn list(
+    state: &State,
+    rt: &'static ResourceType,
+    namespace: Option<&str>,
+    q: &BTreeMap<String, String>,
+) -> Response<Body> {
+    let filter = match Filter::from_query(namespace.map(str::to_string), rt, q) {
+        Ok(f) => f,
+        Err(r) => return *r,
+    };
+    let db = lock(&state.db);
+    if q.get("resourceVersionMatch").map(String::as_str) == Some("Exact") {
+        let asked: u64 = q
+            .get("resourceVersion")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        if asked < db.compacted || asked > db.rv {
+            return status(
+                410,
+                "Expired",
+                "The resourceVersion for the provided list is too old.",
+                None,
+            );
+        }
+    }
+    let limit: usize = q
+        .get("limit")
+        .and_then(|s| s.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(usize::MAX);
+    let start = match q.get("continue").filter(|c| !c.is_empty()) {
+        None => None,
+        Some(c) => {
+            let tok = base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(c)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<ContinueToken>(&b).ok());
+            match tok {
+                None => return status(400, "BadRequest", "continue key is not valid: illegal base64 data", None),
+                Some(t) if t.rv < db.compacted => {
+                    return status(
+                        410,
+                        "Expired",
+                        "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue value from the response to retrieve the remainder of the results.",
+                        None,
+                    )
+                }
+                Some(t) => Some(t.start),
+            }
+        }
+    };
+    let mut items = Vec::new();
+    let mut next = None;
+    let mut more = false;
+    for ((p, ns, name), obj) in &db.objects {
+        if p != rt.plural || !filter.matches(obj) {
+            continue;
+        }
+        let k = if ns.is_empty() {
+            format!("/{name}")
+        } else {
+            format!("/{ns}/{name}")
+        };
+        if start.as_ref().is_some_and(|s| k.as_str() < s.as_str()) {
+            continue;
+        }
+        if items.len() == limit {
+            more = true;
+            break;
+        }
+        // As the real apiserver does: the next page starts just after the last key sent.
+        next = Some(format!("{k}\u{0}"));
+        items.push(strip_type(obj));
+    }
+    let mut meta = Map::new();
+    meta.insert("resourceVersion".into(), db.rv.to_string().into());
+    if let Some(start) = next.filter(|_| more) {
+        let tok = serde_json::to_vec(&ContinueToken {
+            v: "meta.k8s.io/v1".into(),
+            rv: db.rv,
+            start,
+        })
+        .unwrap_or_default();
+        meta.insert(
+            "continue".into(),
+            base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .encode(tok)
+                .into(),
+        );
+    }
+    let mut out = Map::new();
+    out.insert("kind".into(), format!("{}List", rt.kind).into());
+    out.insert("apiVersion".into(), rt.api_version().into());
+    out.insert("metadata".into(), Value::Object(meta));
+    out.insert("items".into(), Value::Array(items));
+    json_response(200, &Value::Object(out))
+}
+
+fn get(
+    state: &State,
+    rt: &'static ResourceType,
+    namespace: Option<&str>,
+    name: &str,
+) -> Response<Body> {
+    let key = (
+        rt.plural.to_string(),
+        namespace.unwrap_or("").to_string(),
+        name.to_string(),
+    );
+    match lock(&state.db).objects.get(&key) {
+        Some(o) => json_response(200, o),
+        None => not_found(rt, name),
+    }
+}
+
+fn not_found(rt: &ResourceType, name: &str) -> Response<Body> {
+    let mut details = Map::new();
+    details.insert("name".into(), name.into());
+    if !rt.group.is_empty() {
+        details.insert("group".into(), rt.group.into());
+    }
+    details.insert("kind".into(), rt.plural.into());
+    status(
+        404,
+        "NotFound",
+        &format!("{} \"{name}\" not found", rt.qualified()),
+        Some(Value::Object(details)),
+    )
+}
+
+fn parse_body(body: &[u8]) -> Result<Value, Reject> {
+    serde_json::from_slice::<Value>(body)
+        .ok()
+        .filter(Value::is_object)
+        .ok_or_else(|| {
+            Box::new(status(
+                400,
+                "BadRequest",
+                "the request body is not a JSON object",
+                None,
+            ))
+        })
+}
+
+fn create(
+    state: &Arc<State>,
+    rt: &'static ResourceType,
+    namespace: Option<&str>,
+    body: &[u8],
+) -> Response<Body> {
+    let mut obj = match parse_body(body) {
+        Ok(o) => o,
+        Err(r) => return *r,
+    };
+    fill_type(&mut obj, rt);
+    if let (Some(ns), true) = (namespace, rt.namespaced) {
+        obj["metadata"]["namespace"] = ns.into();
+    }
+    if obj
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .is_empty()
+    {
+        return status(
+            422,
+            "Invalid",
+            &format!(
+                "{} \"\" is invalid: metadata.name: Required value: name is required",
+                rt.kind
+            ),
+            None,
+        );
+    }
+    let key = key_of(rt, &obj);
+    let mut db = lock(&state.db);
+    if db.objects.contains_key(&key) {
+        return status(
+            409,
+            "AlreadyExists",
+            &format!("{} \"{}\" already exists", rt.qualified(), key.2),
+            Some(json!({"name": key.2, "kind": rt.plural})),
+        );
+    }
+    obj["metadata"]["uid"] = state.new_uid().into();
+    obj["metadata"]["creationTimestamp"] = now_rfc3339().into();
+    let out = commit(state, &mut db, rt, key, obj, None);
+    let rv = db.rv;
+    drop(db);
+    state.rv_tx.send_replace(rv);
+    json_response(201, &out)
+}
+
+fn token_request(state: &Arc<State>, namespace: Option<&str>, body: &[u8]) -> Response<Body> {
+    let req = match parse_body(body) {
+        Ok(o) => o,
+        Err(r) => return *r,
+    };
+    let pod = req
+        .pointer("/spec/boundObjectRef/name")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let ns = namespace.unwrap_or("");
+    if !lock(&state.db)
+        .objects
+        .contains_key(&("pods".into(), ns.into(), pod.into()))
+    {
+        return status(
+            404,
+            "NotFound",
+            &format!("pod \"{pod}\" not found"),
+            Some(json!({"name": pod, "kind": "pod"})),
+        );
+    }
+    let mut out = req.clone();
+    out["kind"] = "TokenRequest".into();
+    out["apiVersion"] = "authentication.k8s.io/v1".into();
+    out["status"] =
+        json!({"token": format!("fake-token-for-{pod}"), "expirationTimestamp": now_rfc3339()});
+    json_response(201, &out)
+}
+
+fn update(
+    state: &Arc<State>,
+    rt: &'static ResourceType,
+    namespace: Option<&str>,
+    name: &str,
+    body: &[u8],
+) -> Response<Body> {
+    let mut obj = match parse_body(body) {
+        Ok(o) => o,
+        Err(r) => return *r,
+    };
+    fill_type(&mut obj, rt);
+    let key = (
+        rt.plural.to_string(),
+        namespace.unwrap_or("").to_string(),
+        name.to_string(),
+    );
+    let mut db = lock(&state.db);
+    let Some(cur) = db.objects.get(&key).cloned() else {
+        return not_found(rt, name);
+    };
+    let want = obj
+        .pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let have = cur
+        .pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    if !want.is_empty() && want != have {
+        return status(
+            409,
+            "Conflict",
+            &format!(
+                "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
+                rt.qualified()
+            ),
+            Some(json!({"name": name, "group": rt.group, "kind": rt.plural})),
+        );
+    }
+    obj["metadata"]["uid"] = cur["metadata"]["uid"].clone();
+    obj["metadata"]["creationTimestamp"] = cur["metadata"]["creationTimestamp"].clone();
+    let out = commit(state, &mut db, rt, key, obj, Some(cur));
+    let rv = db.rv;
+    drop(db);
+    state.rv_tx.send_replace(rv);
+    json_response(200, &out)
+}
+
+fn patch(
+    state: &Arc<State>,
+    rt: &'static ResourceType,
+    namespace: Option<&str>,
+    name: &str,
+    status_only: bool,
+    content_type: &str,
+    body: &[u8],
+) -> Response<Body> {
+    let p = match parse_body(body) {
+        Ok(o) => o,
+        Err(r) => return *r,
+    };
+    let ct = content_type.split(';').next().unwrap_or("").trim();
+    let strategic = match ct {
+        "application/merge-patch+json" => false,
+        "application/strategic-merge-patch+json" => true,
+        other => {
+            return status(
+                415,
+                "UnsupportedMediaType",
+                &format!("the body of the request was in an unknown format - accepted media types include: application/merge-patch+json, application/strategic-merge-patch+json (got {other:?})"),
+                None,
+            )
+        }
+    };
+    let key = (
+        rt.plural.to_string(),
+        namespace.unwrap_or("").to_string(),
+        name.to_string(),
+    );
+    let mut db = lock(&state.db);
+    let Some(cur) = db.objects.get(&key).cloned() else {
+        return not_found(rt, name);
+    };
+    let mut next = cur.clone();
+    let p = if status_only {
+        json!({"status": p.get("status").cloned().unwrap_or(json!({}))})
+    } else {
+        p
+    };
+    if strategic {
+        strategic_merge_patch(&mut next, &p);
+    } else {
+        merge_patch(&mut next, &p);
+    }
+    if rt.plural == "pods" && !status_only && next.get("spec") != cur.get("spec") {
+        let strip_images = |v: &Value| {
+            let mut s = v.get("spec").cloned().unwrap_or(Value::Null);
+            for list in ["containers", "initContainers"] {
+                if let Some(Value::Array(cs)) = s.get_mut(list) {
+                    for c in cs {
+                        if let Value::Object(m) = c {
+                            m.shift_remove("image");
+                        }
+                    }
+                }
+            }
+            s
+        };
+        if strip_images(&next) != strip_images(&cur) {
+            return status(
+                422,
+                "Invalid",
+                &format!("Pod \"{name}\" is invalid: spec: Forbidden: pod updates may not change fields other than `spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)"),
+                Some(json!({"name": name, "kind": "Pod"})),
+            );
+        }
+    }
+    if next == cur {
+        // The apiserver answers a no-op patch without a new resourceVersion.
+        return json_response(200, &cur);
+    }
+    let out = commit(state, &mut db, rt, key, next, Some(cur));
+    let rv = db.rv;
+    drop(db);
+    state.rv_tx.send_replace(rv);
+    json_response(200, &out)
+}
+
+fn delete(
+    state: &Arc<State>,
+    rt: &'static ResourceType,
+    namespace: Option<&str>,
+    name: &str,
+    body: &[u8],
+) -> Response<Body> {
+    let opts: Value = if body.is_empty() {
+        json!({})
+    } else {
+        match parse_body(body) {
+            Ok(o) => o,
+            Err(r) => return *r,
+        }
+    };
+    let key = (
+        rt.plural.to_string(),
+        namespace.unwrap_or("").to_string(),
+        name.to_string(),
+    );
+    let mut db = lock(&state.db);
+    let Some(cur) = db.objects.get(&key).cloned() else {
+        return not_found(rt, name);
+    };
+    if let Some(want) = opts.pointer("/preconditions/uid").and_then(Value::as_str) {
+        let have = cur
+            .pointer("/metadata/uid")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        if want != have {
+            return status(
+                409,
+                "Conflict",
+                &format!(
+                    "Operation cannot be fulfilled on {} \"{name}\": the UID in the precondition ({want}) does not match the UID in record ({have}). The object might have been deleted and then recreated",
+                    rt.kind
+                ),
+                Some(json!({"name": name, "kind": rt.kind})),
+            );
+        }
+    }
+    // Pods get a graceful delete (deletionTimestamp) unless the grace period is 0; the node
+    // then finishes it with a delete at grace 0, as a kubelet does.
+    let grace = opts
+        .get("gracePeriodSeconds")
+        .and_then(Value::as_i64)
+        .or_else(|| {
+            cur.pointer("/spec/terminationGracePeriodSeconds")
+                .and_then(Value::as_i64)
+                .or(Some(30))
+        });
+    if rt.plural == "pods" && grace.unwrap_or(0) > 0 {
+        if cur.pointer("/metadata/deletionTimestamp").is_some() {
+            return json_response(200, &cur);
+        }
+        let mut next = cur.clone();
+        next["metadata"]["deletionTimestamp"] = now_rfc3339().into();
+        next["metadata"]["deletionGracePeriodSeconds"] = grace.unwrap_or(30).into();
+        let out = commit(state, &mut db, rt, key, next, Some(cur));
+        let rv = db.rv;
+        drop(db);
+        state.rv_tx.send_replace(rv);
+        return json_response(200, &out);
+    }
+    let out = remove_locked(&mut db, rt, namespace.unwrap_or(""), name);
+    let rv = db.rv;
+    drop(db);
+    state.rv_tx.send_replace(rv);
+    match out {
+        Some(o) => json_response(200, &o),
+        None => not_found(rt, name),
+    }
+}
+
+fn event_line(kind: &str, object: &Value) -> Vec<u8> {
+    let mut m = Map::new();
+    m.insert("type".into(), kind.into());
+    m.insert("object".into(), object.clone());
+    let mut line = serde_json::to_vec(&Value::Object(m)).unwrap_or_default();
+    line.push(b'\n');
+    line
+}
+
+fn bookmark(rt: &ResourceType, rv: u64, initial_end: bool) -> Value {
+    let mut meta = Map::new();
+    meta.insert("resourceVersion".into(), rv.to_string().into());
+    if initial_end {
+        meta.insert(
+            "annotations".into(),
+            json!({"k8s.io/initial-events-end": "true"}),
+        );
+    }
+    let mut m = Map::new();
+    m.insert("kind".into(), rt.kind.into());
+    m.insert("apiVersion".into(), rt.api_version().into());
+    m.insert("metadata".into(), Value::Object(meta));
+    if rt.plural == "pods" {
+        m.insert("spec".into(), json!({"containers": null}));
+        m.insert("status".into(), json!({}));
+    }
+    Value::Object(m)
+}
+
+type Chunk = Result<Frame<Bytes>, std::io::Error>;
+
+fn watch(
+    state: &Arc<State>,
+    rt: &'static ResourceType,
+    namespace: Option<String>,
+    q: &BTreeMap<String, String>,
+) -> Response<Body> {
+    let filter = match Filter::from_query(namespace, rt, q) {
+        Ok(f) => f,
+        Err(r) => return *r,
+    };
+    let send_initial = q.get("sendInitialEvents").map(String::as_str) == Some("true");
+    let rv_param = q.get("resourceVersion").cloned().unwrap_or_default();
+    let bookmarks = q.get("allowWatchBookmarks").map(String::as_str) == Some("true");
+    let timeout = q
+        .get("timeoutSeconds")
+        .and_then(|s| s.parse::<u64>().ok())
+        .map(Duration::from_secs)
+        .unwrap_or(Duration::from_secs(1800));
+    let (tx, rx) = mpsc::channel::<Chunk>(64);
+    let state = state.clone();
+    tokio::spawn(async move {
+        let _ = watch_task(
+            state,
+            rt,
+            filter,
+            send_initial,
+            rv_param,
+            bookmarks,
+            timeout,
+            tx,
+        )
+        .await;
+    });
+    let stream =
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) });
+    Response::builder()
+        .status(200)
+        .header("content-type", "application/json")
+        .body(StreamBody::new(stream).boxed())
+        .unwrap_or_else(|_| {
+            Response::new(
+                Full::new(Bytes::new())
+                    .map_err(|never| match never {})
+                    .boxed(),
+            )
+        })
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn watch_task(
+    state: Arc<State>,
+    rt: &'static ResourceType,
+    filter: Filter,
+    send_initial: bool,
+    rv_param: String,
+    bookmarks: bool,
+    timeout: Duration,
+    tx: mpsc::Sender<Chunk>,
+) -> Result<(), ()> {
+    let send = |bytes: Vec<u8>| {
+        let tx = tx.clone();
+        async move {
+            tx.send(Ok(Frame::data(Bytes::from(bytes))))
+                .await
+                .map_err(|_| ())
+        }
+    };
+    let mut rv_rx = state.rv_tx.subscribe();
+    enum Start {
+        Expired(Value),
+        From(u64, Vec<Value>),
+    }
+    let start = {
+        let db = lock(&state.db);
+        let asked: Option<u64> = rv_param.parse().ok().filter(|&n| n > 0);
+        match asked {
+            Some(n) if !send_initial && n < db.compacted => Start::Expired(status_body(
+                410,
+                "Expired",
+                &format!("too old resource version: {n} ({})", db.compacted),
+                None,
+            )),
+            Some(n) if !send_initial => Start::From(n, vec![]),
+            _ => Start::From(
+                db.rv,
+                db.objects
+                    .iter()
+                    .filter(|((p, _, _), o)| p == rt.plural && filter.matches(o))
+                    .map(|(_, o)| o.clone())
+                    .collect(),
+            ),
+        }
+    };
+    let (mut last, initial) = match start {
+        Start::Expired(st) => {
+            send(event_line("ERROR", &st)).await?;
+            return Ok(());
+        }
+        Start::From(rv, initial) => (rv, initial),
+    };
+    for obj in initial {
+        send(event_line("ADDED", &obj)).await?;
+    }
+    if send_initial {
+        send(event_line("BOOKMARK", &bookmark(rt, last, true))).await?;
+    }
+    let deadline = tokio::time::Instant::now() + timeout;
+    let bookmark_every = Duration::from_millis(state.bookmark_ms.load(Ordering::SeqCst));
+    let mut next_bookmark = tokio::time::Instant::now() + bookmark_every;
+    loop {
+        while state.stalled.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if tx.is_closed() {
+                return Err(());
+            }
+        }
+        // Read the events and the version they lead up to under one lock, so a bookmark never
+        // claims a version whose events were not sent.
+        let (events, current): (Vec<(u64, &'static str, Value)>, u64) = {
+            let db = lock(&state.db);
+            let evs = db
+                .history
+                .iter()
+                .filter(|e| e.rv > last && e.plural == rt.plural)
+                .filter_map(|e| {
+                    let now = filter.matches(&e.object) && e.kind != "DELETED";
+                    let before = e.prev.as_ref().is_some_and(|p| filter.matches(p));
+                    let kind = match (before, now, e.kind) {
+                        (true, _, "DELETED") => "DELETED",
+                        (false, true, _) => "ADDED",
+                        (true, true, _) => "MODIFIED",
+                        (true, false, _) => "DELETED",
+                        _ => return None,
+                    };
+                    Some((e.rv, kind, e.object.clone()))
+                })
+                .collect();
+            (evs, db.rv)
+        };
+        for (rv, kind, obj) in events {
+            let line = event_line(kind, &obj);
+            let (cut, corrupt) = {
+                let mut f = lock(&state.faults);
+                let cut = f.cut_watch_events > 0;
+                if cut {
+                    f.cut_watch_events -= 1;
+                }
+                let corrupt = f.corrupt_watch_events > 0;
+                if corrupt {
+                    f.corrupt_watch_events -= 1;
+                }
+                (cut, corrupt)
+            };
+            if corrupt {
+                send(b"{\"type\":\"MODIFIED\",\"object\":{\"metadata\":{\"name\": tru\n".to_vec())
+                    .await?;
+            }
+            if cut {
+                send(line[..line.len() / 2].to_vec()).await?;
+                // An error frame makes hyper abort the connection without the final chunk.
+                let _ = tx.send(Err(std::io::Error::other("injected cut"))).await;
+                return Ok(());
+            }
+            send(line).await?;
+            last = last.max(rv);
+        }
+        tokio::select! {
+            r = rv_rx.changed() => { if r.is_err() { return Ok(()); } }
+            _ = tokio::time::sleep_until(deadline) => return Ok(()),
+            _ = tokio::time::sleep_until(next_bookmark), if bookmarks => {
+                if !state.stalled.load(Ordering::SeqCst) {
+                    last = last.max(current);
+                    send(event_line("BOOKMARK", &bookmark(rt, last, false))).await?;
+                }
+                next_bookmark = tokio::time::Instant::now() + bookmark_every;
+            }
+            _ = tx.closed() => return Err(()),
+        }
+    }
+}

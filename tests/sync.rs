@@ -1,0 +1,382 @@
+//! The reflectors against the fake apiserver over real TLS, with a real SQLite file.
+
+mod common;
+
+use common::{wait_until, Harness};
+use edgehub::object::Kind;
+use edgehub::sync::LinkState;
+use edgehub_testsupport::fixture_body;
+use serde_json::json;
+use std::time::Duration;
+
+fn bump_pod(h: &Harness, name: &str, marker: &str) -> String {
+    let p = h.server.modify("pods", "vehicle", name, |p| {
+        p["metadata"]["annotations"]["test/marker"] = json!(marker);
+    });
+    p["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+#[tokio::test]
+async fn fresh_sync_fills_the_cache_with_the_raw_objects() {
+    let mut h = Harness::new().await;
+    h.start();
+    h.wait_converged().await;
+    assert_eq!(h.count(Kind::Pod), 2);
+    assert_eq!(h.count(Kind::DaemonSet), 2);
+    assert_eq!(h.count(Kind::ControllerRevision), 2);
+    assert_eq!(h.count(Kind::Node), 1);
+
+    // Objects are stored byte for byte as the list response carried them.
+    let listed = fixture_body("pods_list_node");
+    let want = serde_json::to_string(&listed["items"][1]).unwrap();
+    let stored = h
+        .store()
+        .get(Kind::Pod, "vehicle", "telemetry-sv74m")
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.raw, want);
+    assert_eq!(
+        stored.index.revision_hash.as_deref(),
+        Some(
+            listed["items"][1]["metadata"]["labels"]["controller-revision-hash"]
+                .as_str()
+                .unwrap()
+        )
+    );
+    assert_eq!(stored.index.owner_kind.as_deref(), Some("DaemonSet"));
+    assert_eq!(*h.sync().link.borrow(), LinkState::Online);
+
+    // Pods were selected by node; DaemonSets and revisions are listed once each.
+    assert!(
+        h.server.count(|r| r.is_list_of("pods")
+            && r.query.get("fieldSelector").map(String::as_str) == Some("spec.nodeName=edge-1"))
+            >= 1
+    );
+    assert_eq!(h.lists_of("daemonsets"), 1);
+    assert_eq!(h.lists_of("controllerrevisions"), 1);
+    assert!(
+        h.server.count(|r| r.is_watch()
+            && r.query.get("allowWatchBookmarks").map(String::as_str) == Some("true"))
+            >= 4
+    );
+
+    // A new revision arrives through the watch.
+    let rev2 = fixture_body("controllerrevisions_list_rev2");
+    for item in rev2["items"].as_array().unwrap() {
+        h.server.apply("controllerrevisions", item.clone());
+    }
+    h.wait_converged().await;
+    assert_eq!(h.count(Kind::ControllerRevision), 3);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn restart_resumes_the_watch_without_a_relist() {
+    let mut h = Harness::new().await;
+    h.start();
+    h.wait_converged().await;
+    h.stop().await;
+    let lists_before = h.lists_of("pods");
+
+    // Changes while edgehub is down are replayed by the resumed watch.
+    bump_pod(&h, "telemetry-sv74m", "while-down");
+    h.server.remove("pods", "vehicle", "gateway-v9hb2");
+    h.start();
+    h.wait_converged().await;
+    assert_eq!(h.count(Kind::Pod), 1);
+    assert_eq!(
+        h.lists_of("pods"),
+        lists_before,
+        "no second list after a restart"
+    );
+    assert_eq!(h.lists_of("daemonsets"), 1);
+    let resumed = h.server.count(|r| {
+        r.is_watch_of("pods") && r.query.get("resourceVersion").is_some_and(|v| v != "0")
+    });
+    assert!(
+        resumed >= 2,
+        "watches resumed from a stored resourceVersion"
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn expired_watch_relists_and_removes_what_was_deleted_while_away() {
+    let mut h = Harness::new().await;
+    h.start();
+    h.wait_converged().await;
+    h.stop().await;
+
+    // While disconnected: a pod and a DaemonSet go away, and etcd compacts the history.
+    h.server.remove("pods", "vehicle", "gateway-v9hb2");
+    h.server.remove("daemonsets", "vehicle", "gateway");
+    bump_pod(&h, "telemetry-sv74m", "after");
+    h.server.compact();
+    h.server.clear_log();
+
+    h.start();
+    h.wait_converged().await;
+    assert!(h
+        .store()
+        .get(Kind::Pod, "vehicle", "gateway-v9hb2")
+        .unwrap()
+        .is_none());
+    assert!(h
+        .store()
+        .get(Kind::DaemonSet, "vehicle", "gateway")
+        .unwrap()
+        .is_none());
+    assert_eq!(h.count(Kind::Pod), 1);
+    // Each resource got an ERROR 410 on its watch and listed again exactly once.
+    assert_eq!(h.lists_of("pods"), 1);
+    assert_eq!(h.lists_of("daemonsets"), 1);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn expired_continue_token_restarts_the_list() {
+    let mut h = Harness::new().await;
+    h.config.sync.list_page_size = 1;
+    h.server.fail_next(1, 410, None, &["/pods?", "continue="]);
+    h.start();
+    h.wait_converged().await;
+    let pod_lists: Vec<_> = h
+        .server
+        .requests()
+        .into_iter()
+        .filter(|r| r.is_list_of("pods"))
+        .collect();
+    let statuses: Vec<(u16, bool)> = pod_lists
+        .iter()
+        .map(|r| (r.status, r.query.contains_key("continue")))
+        .collect();
+    // page 1, page 2 -> 410, then page 1 and page 2 again.
+    assert_eq!(
+        statuses,
+        [(200, false), (410, true), (200, false), (200, true)]
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_stream_cut_mid_event_is_replayed_from_the_last_version() {
+    let mut h = Harness::new().await;
+    h.start();
+    h.wait_converged().await;
+    let watches = h.watches_of("pods");
+    let lists = h.lists_of("pods");
+    h.server.cut_next_watch_events(1);
+    let rv = bump_pod(&h, "telemetry-sv74m", "cut");
+    wait_until(10, "the cut event is applied after a re-watch", || {
+        h.stored_rv(Kind::Pod, "vehicle", "telemetry-sv74m")
+            .as_deref()
+            == Some(rv.as_str())
+    })
+    .await;
+    assert!(h.watches_of("pods") > watches, "watched again");
+    assert_eq!(
+        h.lists_of("pods"),
+        lists,
+        "a cut stream does not cause a relist"
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn malformed_watch_lines_and_list_items_are_skipped() {
+    let mut h = Harness::new().await;
+    // A list item without a uid.
+    h.server.seed_list(
+        "pods",
+        &json!({"metadata": {"resourceVersion": "1"}, "items": [
+            {"metadata": {"name": "broken", "namespace": "vehicle", "resourceVersion": "1"}, "spec": {"nodeName": "edge-1"}}
+        ]}),
+    );
+    h.start();
+    wait_until(10, "the good pods are cached", || {
+        h.store.is_some() && h.count(Kind::Pod) == 2
+    })
+    .await;
+    assert!(h
+        .store()
+        .get(Kind::Pod, "vehicle", "broken")
+        .unwrap()
+        .is_none());
+
+    h.server.corrupt_next_watch_events(1);
+    let rv = bump_pod(&h, "telemetry-sv74m", "after-garbage");
+    wait_until(10, "the event after the garbage line is applied", || {
+        h.stored_rv(Kind::Pod, "vehicle", "telemetry-sv74m")
+            .as_deref()
+            == Some(rv.as_str())
+    })
+    .await;
+    let st = h.sync().stats_for("pods").unwrap();
+    assert!(st.malformed.load(std::sync::atomic::Ordering::Relaxed) >= 2);
+    assert_eq!(h.lists_of("pods"), 1, "garbage does not break the stream");
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn too_many_requests_waits_for_retry_after() {
+    let mut h = Harness::new().await;
+    h.server.fail_next(1, 429, Some(2), &["/pods?"]);
+    h.start();
+    h.wait_converged().await;
+    let pods: Vec<_> = h
+        .server
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.ends_with("/pods"))
+        .collect();
+    assert_eq!(pods[0].status, 429);
+    let gap = pods[1].at.duration_since(pods[0].at);
+    // backoff_max is 1 s in the test config, so only Retry-After explains a 2 s wait.
+    assert!(gap >= Duration::from_millis(1900), "retried after {gap:?}");
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn server_errors_back_off_and_recover() {
+    let mut h = Harness::new().await;
+    h.server.fail_next(3, 500, None, &["/daemonsets?"]);
+    h.start();
+    h.wait_converged().await;
+    assert_eq!(
+        h.server
+            .count(|r| r.path.ends_with("/daemonsets") && r.status == 500),
+        3
+    );
+    let st = h.sync().stats_for("daemonsets").unwrap();
+    assert_eq!(st.errors.load(std::sync::atomic::Ordering::Relaxed), 3);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn link_goes_offline_and_back_and_catches_up() {
+    let mut h = Harness::new().await;
+    h.start();
+    h.wait_converged().await;
+    let mut link = h.sync().link.clone();
+
+    h.server.set_offline(true).await.unwrap();
+    // Changes in the cloud while the device is cut off.
+    bump_pod(&h, "telemetry-sv74m", "offline");
+    h.server.remove("pods", "vehicle", "gateway-v9hb2");
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        link.wait_for(|s| matches!(s, LinkState::Offline { .. })),
+    )
+    .await
+    .expect("link reported offline")
+    .unwrap();
+    // The cache is still there to serve from.
+    assert_eq!(h.count(Kind::Pod), 2);
+
+    h.server.set_offline(false).await.unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        link.wait_for(|s| *s == LinkState::Online),
+    )
+    .await
+    .expect("link reported online")
+    .unwrap();
+    h.wait_converged().await;
+    assert_eq!(h.count(Kind::Pod), 1);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_stalled_watch_is_detected_and_restarted() {
+    let mut h = Harness::new().await;
+    h.start();
+    h.wait_converged().await;
+    let watches = h.watches_of("pods");
+    h.server.stall(true);
+    let mut link = h.sync().link.clone();
+    tokio::time::timeout(
+        Duration::from_secs(15),
+        link.wait_for(|s| matches!(s, LinkState::Offline { .. })),
+    )
+    .await
+    .expect("a silent watch is noticed by the idle timeout")
+    .unwrap();
+    h.server.stall(false);
+    let rv = bump_pod(&h, "telemetry-sv74m", "after-stall");
+    wait_until(15, "sync resumes after the stall", || {
+        h.stored_rv(Kind::Pod, "vehicle", "telemetry-sv74m")
+            .as_deref()
+            == Some(rv.as_str())
+    })
+    .await;
+    assert!(h.watches_of("pods") > watches);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn bookmarks_and_no_op_events_write_nothing() {
+    let mut h = Harness::new().await;
+    h.config.sync.cursor_checkpoint = Duration::from_secs(3600);
+    h.server.set_bookmark_interval(Duration::from_millis(50));
+    h.start();
+    h.wait_converged().await;
+    // Let the first bookmarks pass, then measure the WAL over many more.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let wal = h.db_path().with_extension("db-wal");
+    let size = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    let before = (size(&wal), size(&h.db_path()));
+    let events_before = h
+        .sync()
+        .stats_for("pods")
+        .unwrap()
+        .events
+        .load(std::sync::atomic::Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let events_after = h
+        .sync()
+        .stats_for("pods")
+        .unwrap()
+        .events
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        events_after >= events_before + 10,
+        "bookmarks arrived ({events_before} -> {events_after})"
+    );
+    assert_eq!(
+        (size(&wal), size(&h.db_path())),
+        before,
+        "no bytes written for bookmarks"
+    );
+    // The seen version is still checkpointed at shutdown.
+    h.stop().await;
+    let store =
+        edgehub::store::Store::open(&h.db_path(), edgehub::store::OpenMode::Normal).unwrap();
+    let cursor: u64 = store
+        .cursor("pods?fieldSelector=spec.nodeName=edge-1")
+        .unwrap()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(cursor, h.server.resource_version());
+}
+
+#[tokio::test]
+async fn client_certificate_authentication_works() {
+    let mut h = Harness::new().await;
+    let kc = h
+        .server
+        .write_cert_kubeconfig(&h.dir.path().join("certkube"), "system:node:edge-1")
+        .unwrap();
+    h.config.kubeconfig = kc;
+    h.start();
+    h.wait_converged().await;
+    assert!(h
+        .server
+        .requests()
+        .iter()
+        .all(|r| r.user.as_deref() == Some("system:node:edge-1")));
+    h.stop().await;
+}
