@@ -57,11 +57,12 @@ async fn fresh_sync_fills_the_cache_with_the_raw_objects() {
     );
     assert_eq!(h.lists_of("daemonsets"), 1);
     assert_eq!(h.lists_of("controllerrevisions"), 1);
-    assert!(
-        h.server.count(|r| r.is_watch()
-            && r.query.get("allowWatchBookmarks").map(String::as_str) == Some("true"))
-            >= 4
-    );
+    wait_until(10, "all four reflectors watch with bookmarks", || {
+        h.server.count(|r| {
+            r.is_watch() && r.query.get("allowWatchBookmarks").map(String::as_str) == Some("true")
+        }) >= 4
+    })
+    .await;
 
     // A new revision arrives through the watch.
     let rev2 = fixture_body("controllerrevisions_list_rev2");
@@ -304,6 +305,12 @@ async fn a_stalled_watch_is_detected_and_restarted() {
     .await
     .expect("a silent watch is noticed by the idle timeout")
     .unwrap();
+    // Wait for the pods watch itself to time out, not just any reflector's.
+    let pod_stats = h.sync().stats_for("pods").unwrap().clone();
+    wait_until(15, "the pods watch times out", || {
+        pod_stats.errors.load(std::sync::atomic::Ordering::Relaxed) > 0
+    })
+    .await;
     h.server.stall(false);
     let rv = bump_pod(&h, "telemetry-sv74m", "after-stall");
     wait_until(15, "sync resumes after the stall", || {
