@@ -690,12 +690,20 @@ fn remove_locked(
     Some(obj)
 }
 
-/// RFC 3339 UTC time of now, without pulling in a date crate.
-pub fn now_rfc3339() -> String {
-    let secs = std::time::SystemTime::now()
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
+        .unwrap_or(0)
+}
+
+/// RFC 3339 UTC time of now.
+pub fn now_rfc3339() -> String {
+    rfc3339(unix_now())
+}
+
+/// RFC 3339 UTC time of a unix time, without pulling in a date crate.
+pub fn rfc3339(secs: i64) -> String {
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     // Howard Hinnant's civil_from_days.
     let z = days + 719_468;
@@ -929,8 +937,8 @@ async fn route(
         }
         (&Method::GET, Some(name), None) => get(state, rt, route.namespace.as_deref(), name),
         (&Method::POST, None, None) => create(state, rt, route.namespace.as_deref(), body),
-        (&Method::POST, Some(_), Some("token")) => {
-            token_request(state, route.namespace.as_deref(), body)
+        (&Method::POST, Some(sa), Some("token")) => {
+            token_request(state, user, route.namespace.as_deref(), sa, body)
         }
         (&Method::PUT, Some(name), None) => {
             update(state, rt, route.namespace.as_deref(), name, body)
@@ -1455,6 +1463,14 @@ fn create(
     }
     obj["metadata"]["uid"] = state.new_uid().into();
     obj["metadata"]["creationTimestamp"] = now_rfc3339().into();
+    if rt.plural == "events" {
+        // The apiserver's defaults for core/v1 Events.
+        if let Value::Object(m) = &mut obj {
+            m.entry("eventTime").or_insert(Value::Null);
+            m.entry("reportingComponent").or_insert("".into());
+            m.entry("reportingInstance").or_insert("".into());
+        }
+    }
     let out = commit(state, &mut db, rt, key, obj, None);
     let rv = db.rv;
     drop(db);
@@ -1462,7 +1478,13 @@ fn create(
     json_response(201, &out)
 }
 
-fn token_request(state: &Arc<State>, namespace: Option<&str>, body: &[u8]) -> Response<Body> {
+fn token_request(
+    state: &Arc<State>,
+    user: &str,
+    namespace: Option<&str>,
+    sa: &str,
+    body: &[u8],
+) -> Response<Body> {
     let req = match parse_body(body) {
         Ok(o) => o,
         Err(r) => return *r,
@@ -1483,11 +1505,36 @@ fn token_request(state: &Arc<State>, namespace: Option<&str>, body: &[u8]) -> Re
             Some(json!({"name": pod, "kind": "pod"})),
         );
     }
-    let mut out = req.clone();
-    out["kind"] = "TokenRequest".into();
-    out["apiVersion"] = "authentication.k8s.io/v1".into();
-    out["status"] =
-        json!({"token": format!("fake-token-for-{pod}"), "expirationTimestamp": now_rfc3339()});
+    // NodeRestriction: a node may only ask for audiences its pods' volumes name; the test
+    // pods name none.
+    let audiences = req
+        .pointer("/spec/audiences")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    if let (Some(_), Some(aud)) = (node_of(user), audiences.first().and_then(Value::as_str)) {
+        return status(
+            403,
+            "Forbidden",
+            &format!("serviceaccounts \"{sa}\" is forbidden: audience \"{aud}\" not found in pod spec volume, {user} is not authorized to request tokens for this audience"),
+            Some(json!({"name": sa, "kind": "serviceaccounts"})),
+        );
+    }
+    let mut spec = req.get("spec").cloned().unwrap_or(json!({}));
+    if audiences.is_empty() {
+        spec["audiences"] = json!(["https://kubernetes.default.svc.cluster.local"]);
+    }
+    let ttl = spec
+        .get("expirationSeconds")
+        .and_then(Value::as_i64)
+        .unwrap_or(3600);
+    let out = json!({
+        "kind": "TokenRequest",
+        "apiVersion": "authentication.k8s.io/v1",
+        "metadata": {"name": sa, "namespace": ns, "uid": state.new_uid(), "creationTimestamp": now_rfc3339()},
+        "spec": spec,
+        "status": {"token": format!("fake-token-for-{pod}"), "expirationTimestamp": rfc3339(unix_now() + ttl)},
+    });
     json_response(201, &out)
 }
 

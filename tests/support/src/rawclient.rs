@@ -1,0 +1,112 @@
+//! A bare HTTPS client for replaying recorded requests exactly as they were made (method,
+//! path with query, content type, body) against the fake apiserver.
+
+use crate::FakeApiServer;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use serde_json::Value;
+use std::sync::Arc;
+use std::time::Duration;
+
+async fn connect(
+    server: &FakeApiServer,
+) -> anyhow::Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_slice(
+        server.pki.ca_pem.as_bytes(),
+    )?)?;
+    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(server.addr).await?;
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+        .connect(ServerName::try_from("127.0.0.1")?.to_owned(), tcp)
+        .await?;
+    let (send, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls)).await?;
+    tokio::spawn(conn);
+    Ok(send)
+}
+
+fn build(
+    token: Option<&str>,
+    method: &str,
+    path: &str,
+    content_type: Option<&str>,
+    body: Option<&Value>,
+) -> anyhow::Result<hyper::Request<Full<Bytes>>> {
+    let mut b = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "127.0.0.1");
+    if let Some(t) = token {
+        b = b.header("authorization", format!("Bearer {t}"));
+    }
+    if let Some(ct) = content_type {
+        b = b.header("content-type", ct);
+    }
+    let body = body
+        .map(|v| serde_json::to_vec(v))
+        .transpose()?
+        .unwrap_or_default();
+    Ok(b.body(Full::new(Bytes::from(body)))?)
+}
+
+impl FakeApiServer {
+    /// Sends one request and returns the status code and the JSON body.
+    pub async fn raw(
+        &self,
+        token: Option<&str>,
+        method: &str,
+        path: &str,
+        content_type: Option<&str>,
+        body: Option<&Value>,
+    ) -> anyhow::Result<(u16, Value)> {
+        let mut send = connect(self).await?;
+        let resp = send
+            .send_request(build(token, method, path, content_type, body)?)
+            .await?;
+        let code = resp.status().as_u16();
+        let bytes = resp.into_body().collect().await?.to_bytes();
+        Ok((code, serde_json::from_slice(&bytes)?))
+    }
+
+    /// Starts a watch and returns the status code and the events received within `wait`
+    /// (at most `max` of them). The chunked stream is read event by event.
+    pub async fn raw_watch(
+        &self,
+        token: Option<&str>,
+        path: &str,
+        max: usize,
+        wait: Duration,
+    ) -> anyhow::Result<(u16, Vec<Value>)> {
+        let mut send = connect(self).await?;
+        let resp = send
+            .send_request(build(token, "GET", path, None, None)?)
+            .await?;
+        let code = resp.status().as_u16();
+        let mut body = resp.into_body();
+        let mut buf = Vec::new();
+        let mut events = Vec::new();
+        let deadline = tokio::time::Instant::now() + wait;
+        while events.len() < max {
+            let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+                Err(_) | Ok(None) => break,
+                Ok(Some(f)) => f?,
+            };
+            if let Some(d) = frame.data_ref() {
+                buf.extend_from_slice(d);
+                while let Some(i) = buf.iter().position(|&b| b == b'\n') {
+                    let line: Vec<u8> = buf.drain(..=i).collect();
+                    events.push(serde_json::from_slice(&line)?);
+                }
+            }
+        }
+        Ok((code, events))
+    }
+}
