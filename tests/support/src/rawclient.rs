@@ -51,7 +51,7 @@ fn build(
         b = b.header("content-type", ct);
     }
     let body = body
-        .map(|v| serde_json::to_vec(v))
+        .map(serde_json::to_vec)
         .transpose()?
         .unwrap_or_default();
     Ok(b.body(Full::new(Bytes::from(body)))?)
