@@ -452,14 +452,7 @@ impl ApiClient {
         let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
         while let Some(err) = cur {
             chain.push(err.to_string());
-            if let Some(r) = err.downcast_ref::<rustls::Error>() {
-                tls_failure = Some(r.to_string());
-            }
-            if let Some(io) = err.downcast_ref::<std::io::Error>() {
-                if let Some(r) = io.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
-                    tls_failure = Some(r.to_string());
-                }
-            }
+            tls_failure = tls_failure.or_else(|| rustls_error_in(err));
             cur = err.source();
         }
         chain.dedup();
@@ -474,6 +467,24 @@ impl ApiClient {
                 server: self.server.clone(),
                 reason: chain.join(": "),
             },
+        }
+    }
+}
+
+/// Finds a rustls error in `err`, looking through nested `io::Error` wrappers: hyper-rustls
+/// wraps tokio-rustls's `io::Error` in another one, and `io::Error::source` skips a level.
+fn rustls_error_in(err: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut cur = err;
+    loop {
+        if let Some(r) = cur.downcast_ref::<rustls::Error>() {
+            return Some(r.to_string());
+        }
+        match cur
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            Some(inner) => cur = inner,
+            None => return None,
         }
     }
 }
