@@ -1,0 +1,284 @@
+//! The edgehub binary end to end: config errors, a real `edgehub run` against the fake
+//! apiserver, SIGKILL and restart without a relist, a corrupt or locked database.
+
+mod common;
+
+use common::wait_until;
+use edgehub::object::Kind;
+use edgehub::store::{OpenMode, Store};
+use edgehub_testsupport::{FakeApiServer, NODE_TOKEN};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_edgehub");
+
+struct Env {
+    server: FakeApiServer,
+    dir: tempfile::TempDir,
+    config: PathBuf,
+}
+
+impl Env {
+    async fn new() -> Env {
+        let server = FakeApiServer::start().await.unwrap();
+        common::seed(&server);
+        let dir = tempfile::tempdir().unwrap();
+        let kc = server
+            .write_kubeconfig(&dir.path().join("kube"), NODE_TOKEN)
+            .unwrap();
+        let config = dir.path().join("config.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "node_name = \"edge-1\"\ndata_dir = \"{}\"\nkubeconfig = \"{}\"\n[sync]\nbackoff_initial_ms = 50\nbackoff_max_secs = 1\n",
+                dir.path().join("data").display(),
+                kc.display()
+            ),
+        )
+        .unwrap();
+        Env {
+            server,
+            dir,
+            config,
+        }
+    }
+
+    fn db(&self) -> PathBuf {
+        self.dir.path().join("data/edgehub.db")
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.arg("--config")
+            .arg(&self.config)
+            .args(args)
+            .env_remove("EDGEHUB_NODE_NAME");
+        c
+    }
+
+    fn spawn_run(&self, extra: &[&str]) -> Child {
+        let mut args = vec!["run"];
+        args.extend_from_slice(extra);
+        self.cmd(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+
+    /// Pods in the database file, read through a second connection (edgehub keeps running).
+    fn pods_in_db(&self) -> usize {
+        let Ok(conn) = rusqlite::Connection::open_with_flags(
+            self.db(),
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+        ) else {
+            return 0;
+        };
+        conn.query_row("SELECT count(*) FROM objects WHERE kind = 'Pod'", [], |r| {
+            r.get::<_, i64>(0)
+        })
+        .map(|n| n as usize)
+        .unwrap_or(0)
+    }
+}
+
+fn output(mut c: Command) -> (bool, String) {
+    let out = c.output().unwrap();
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+fn kill9(child: &mut Child) {
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+}
+
+#[test]
+fn version_prints_the_crate_version() {
+    let (ok, out) = output({
+        let mut c = Command::new(BIN);
+        c.arg("version");
+        c
+    });
+    assert!(ok);
+    assert_eq!(out.trim(), format!("edgehub {}", env!("CARGO_PKG_VERSION")));
+}
+
+#[tokio::test]
+async fn check_config_reports_the_resolved_config() {
+    let env = Env::new().await;
+    let (ok, out) = output(env.cmd(&["check-config"]));
+    assert!(ok, "{out}");
+    assert!(out.contains("node_name   = edge-1"), "{out}");
+    assert!(out.contains(&env.server.url()), "{out}");
+    assert!(out.contains("config OK"), "{out}");
+}
+
+#[test]
+fn invalid_config_names_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(
+        &cfg,
+        "node_name = \"edge-1\"\napi_addr = \"not an address\"\n",
+    )
+    .unwrap();
+    let (ok, out) = output({
+        let mut c = Command::new(BIN);
+        c.arg("--config").arg(&cfg).arg("check-config");
+        c
+    });
+    assert!(!ok);
+    assert!(out.contains("config field `api_addr`"), "{out}");
+
+    let (ok, out) = output({
+        let mut c = Command::new(BIN);
+        c.args(["--config", "/nonexistent/edgehub.toml", "check-config"]);
+        c
+    });
+    assert!(!ok);
+    assert!(out.contains("/nonexistent/edgehub.toml"), "{out}");
+}
+
+#[test]
+fn missing_kubeconfig_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, out) = output({
+        let mut c = Command::new(BIN);
+        c.args([
+            "--node-name",
+            "edge-1",
+            "--kubeconfig",
+            "/nonexistent/kubeconfig",
+        ])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .arg("check-config");
+        c
+    });
+    assert!(!ok);
+    assert!(
+        out.contains("kubeconfig /nonexistent/kubeconfig not found"),
+        "{out}"
+    );
+}
+
+#[tokio::test]
+async fn run_fills_the_database_and_resumes_after_sigkill_without_a_relist() {
+    let env = Env::new().await;
+    let mut child = env.spawn_run(&[]);
+    wait_until(20, "edgehub run caches the node's pods", || {
+        env.pods_in_db() == 2
+    })
+    .await;
+    // Let every reflector reach its watch before the kill.
+    wait_until(10, "all reflectors watch", || {
+        env.server.count(|r| r.is_watch()) >= 4
+    })
+    .await;
+    kill9(&mut child);
+    let full_lists = env
+        .server
+        .count(|r| r.is_list_of("pods") && r.status == 200);
+    assert_eq!(full_lists, 1);
+
+    // While it is dead, a pod is deleted in the cloud.
+    env.server.remove("pods", "vehicle", "gateway-v9hb2");
+    let mut child = env.spawn_run(&[]);
+    wait_until(20, "the restarted edgehub sees the deletion", || {
+        env.pods_in_db() == 1
+    })
+    .await;
+    kill9(&mut child);
+    assert_eq!(
+        env.server
+            .count(|r| r.is_list_of("pods") && r.status == 200),
+        1,
+        "the server logs no second full list"
+    );
+    let store = Store::open(&env.db(), OpenMode::Normal).unwrap();
+    assert_eq!(store.count(Kind::DaemonSet).unwrap(), 2);
+}
+
+#[tokio::test]
+async fn a_corrupt_database_is_refused_untouched_until_reset_cache() {
+    let env = Env::new().await;
+    std::fs::create_dir_all(env.db().parent().unwrap()).unwrap();
+    let junk = b"definitely not sqlite".repeat(300);
+    std::fs::write(env.db(), &junk).unwrap();
+    let out = env.spawn_run(&[]).wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("not an SQLite database") && err.contains("--reset-cache"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(env.db()).unwrap(),
+        junk,
+        "the file is untouched"
+    );
+
+    let mut child = env.spawn_run(&["--reset-cache"]);
+    wait_until(20, "the reset cache is rebuilt from the apiserver", || {
+        env.pods_in_db() == 2
+    })
+    .await;
+    kill9(&mut child);
+    let aside = std::fs::read_dir(env.db().parent().unwrap())
+        .unwrap()
+        .filter_map(Result::ok)
+        .find(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("edgehub.db.bad-")
+        })
+        .expect("the corrupt file was moved aside");
+    assert_eq!(std::fs::read(aside.path()).unwrap(), junk);
+}
+
+#[tokio::test]
+async fn a_second_edgehub_on_the_same_data_dir_is_refused() {
+    let env = Env::new().await;
+    let mut first = env.spawn_run(&[]);
+    wait_until(20, "first edgehub is running", || env.pods_in_db() == 2).await;
+    let out = env.spawn_run(&[]).wait_with_output().unwrap();
+    kill9(&mut first);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("locked by another process"), "{err}");
+}
+
+#[tokio::test]
+async fn sigterm_stops_cleanly_and_checkpoints_the_cursor() {
+    let env = Env::new().await;
+    let mut child = env.spawn_run(&[]);
+    wait_until(20, "running", || env.pods_in_db() == 2).await;
+    wait_until(10, "all reflectors watch", || {
+        env.server.count(|r| r.is_watch()) >= 4
+    })
+    .await;
+    let pid = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "exit status {status:?}");
+    let store = Store::open(&env.db(), OpenMode::Normal).unwrap();
+    assert!(store
+        .cursor("pods?fieldSelector=spec.nodeName=edge-1")
+        .unwrap()
+        .is_some());
+}
