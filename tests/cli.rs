@@ -9,7 +9,6 @@ use edgehub::store::{OpenMode, Store};
 use edgehub_testsupport::{FakeApiServer, NODE_TOKEN};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
 
 const BIN: &str = env!("CARGO_BIN_EXE_edgehub");
 
