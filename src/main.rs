@@ -121,9 +121,11 @@ fn check_config(cli: &Cli) -> anyhow::Result<()> {
 
 fn run(cli: &Cli, reset_cache: bool) -> anyhow::Result<()> {
     let config = load_config(cli)?;
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(&config.log))
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -142,15 +144,16 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
     let store = Arc::new(Store::open(&config.db_path(), mode)?);
     tracing::info!(node = %config.node_name, db = %store.path().display(), "store open");
     let client = api_client(&config)?;
+    tracing::info!(server = %client.server(), "sync starting");
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
     let sync = edgehub::sync::Sync::spawn(&config, client, store.clone(), shutdown_rx);
-    tracing::info!(apiserver_node = %config.node_name, "sync started");
 
     wait_for_signal().await?;
     tracing::info!("shutting down");
     // Ignore the error: it only means every reflector already stopped.
     let _ = shutdown_tx.send(true);
     sync.join().await;
+    tracing::info!("stopped");
     Ok(())
 }
 

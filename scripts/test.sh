@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The whole test suite, exactly as CI runs it (.ci/run calls this). Run as root on Debian 12.
+# Every step is idempotent and quiet when its tool is already present.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TERM_COLOR=never
+
+log() { printf '==> %s\n' "$*"; }
+
+# Debian packages the build and the tests need.
+apt_packages=(gcc libc6-dev)
+missing=()
+for p in "${apt_packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    log "installing ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# Rust: Debian 12's packaged cargo is too old for this crate; rustup's toolchain is expected.
+if ! command -v cargo >/dev/null 2>&1; then
+    echo "error: cargo not found. Install a Rust toolchain >= 1.89 with rustup, then rerun." >&2
+    exit 1
+fi
+if command -v rustup >/dev/null 2>&1; then
+    for c in rustfmt clippy; do
+        rustup component list --installed 2>/dev/null | grep -q "^$c" || { log "adding rustup component $c"; rustup component add "$c" >/dev/null; }
+    done
+fi
+
+log "cargo fmt --check"
+cargo fmt --all --check
+log "cargo clippy"
+cargo clippy --workspace --all-targets --locked --quiet -- -D warnings
+log "cargo test"
+cargo test --workspace --locked
