@@ -8,7 +8,7 @@
 //! Run: `cargo bench --bench sync` (release build).
 
 use edgehub::config::{Config, Overrides};
-use edgehub::kube::{ApiClient, ClientOptions, Kubeconfig};
+use edgehub::kube::ApiClient;
 use edgehub::object::Kind;
 use edgehub::store::{Change, OpenMode, Store, StoredObject};
 use edgehub::sync::Sync;
@@ -49,20 +49,12 @@ fn config(dir: &Path, kc: &Path) -> Config {
     };
     let mut c = Config::resolve(None, Path::new("bench.toml"), &[], &flags, None).expect("config");
     c.sync.cursor_checkpoint = Duration::from_secs(3600);
+    c.sync.max_event_bytes = 64 << 20;
     c
 }
 
 fn client(c: &Config) -> ApiClient {
-    ApiClient::new(
-        &Kubeconfig::load(&c.kubeconfig).expect("kubeconfig"),
-        ClientOptions {
-            timeout: c.sync.request_timeout,
-            watch_idle_timeout: c.sync.watch_idle_timeout,
-            max_body: 64 << 20,
-            node_name: c.node_name.clone(),
-        },
-    )
-    .expect("client")
+    ApiClient::from_config(c).expect("client")
 }
 
 fn disk_bytes(db: &Path) -> u64 {

@@ -4,7 +4,7 @@
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use edgehub::config::{Config, Overrides, Source};
-use edgehub::kube::{ApiClient, ClientOptions, Kubeconfig};
+use edgehub::kube::ApiClient;
 use edgehub::store::{OpenMode, Store};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -92,18 +92,7 @@ fn load_config(cli: &Cli) -> anyhow::Result<Config> {
 }
 
 fn api_client(config: &Config) -> anyhow::Result<ApiClient> {
-    let kc = Kubeconfig::load(&config.kubeconfig)?;
-    let client = ApiClient::new(
-        &kc,
-        ClientOptions {
-            timeout: config.sync.request_timeout,
-            watch_idle_timeout: config.sync.watch_idle_timeout,
-            max_body: config.sync.max_event_bytes,
-            node_name: config.node_name.clone(),
-        },
-    )
-    .with_context(|| format!("kubeconfig {}", config.kubeconfig.display()))?;
-    Ok(client)
+    Ok(ApiClient::from_config(config)?)
 }
 
 fn check_config(cli: &Cli) -> anyhow::Result<()> {

@@ -21,7 +21,7 @@ struct Env {
 impl Env {
     async fn new() -> Env {
         let server = FakeApiServer::start().await.unwrap();
-        common::seed(&server);
+        server.seed_recorded_cluster();
         let dir = tempfile::tempdir().unwrap();
         let kc = server
             .write_kubeconfig(&dir.path().join("kube"), NODE_TOKEN)

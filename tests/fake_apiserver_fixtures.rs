@@ -22,7 +22,7 @@ fn token_for(identity: &str) -> Option<&'static str> {
 
 async fn server() -> FakeApiServer {
     let s = FakeApiServer::start().await.unwrap();
-    common::seed(&s);
+    s.seed_recorded_cluster();
     s.apply("configmaps", fixture_body("configmap_get_as_node"));
     s
 }

@@ -11,7 +11,7 @@ use serde_json::json;
 
 async fn setup(token: &str) -> (FakeApiServer, tempfile::TempDir, edgehub::kube::ApiClient) {
     let server = FakeApiServer::start().await.unwrap();
-    common::seed(&server);
+    server.seed_recorded_cluster();
     let dir = tempfile::tempdir().unwrap();
     let kc = server
         .write_kubeconfig(&dir.path().join("kube"), token)

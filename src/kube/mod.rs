@@ -12,7 +12,9 @@ pub mod resource;
 pub mod tls;
 pub mod watch;
 
-pub use client::{ApiClient, ClientOptions, ListPage, ListParams, PatchType, WatchStream};
+pub use client::{
+    ApiClient, ClientOptions, ClientSetupError, ListPage, ListParams, PatchType, WatchStream,
+};
 pub use error::{KubeError, Request, Status};
 pub use kubeconfig::{Kubeconfig, KubeconfigError};
 pub use resource::Resource;

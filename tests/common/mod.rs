@@ -4,10 +4,10 @@
 #![allow(dead_code)]
 
 use edgehub::config::{Config, Overrides};
-use edgehub::kube::{ApiClient, ClientOptions, Kubeconfig};
+use edgehub::kube::ApiClient;
 use edgehub::store::{OpenMode, Store};
 use edgehub::sync::Sync;
-use edgehub_testsupport::{fixture_body, FakeApiServer, NODE_TOKEN};
+use edgehub_testsupport::{FakeApiServer, NODE_TOKEN};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,28 +27,7 @@ pub fn test_config(data_dir: &Path, kubeconfig: &Path) -> Config {
 }
 
 pub fn client(config: &Config) -> ApiClient {
-    let kc = Kubeconfig::load(&config.kubeconfig).expect("kubeconfig");
-    ApiClient::new(
-        &kc,
-        ClientOptions {
-            timeout: config.sync.request_timeout,
-            watch_idle_timeout: config.sync.watch_idle_timeout,
-            max_body: config.sync.max_event_bytes,
-            node_name: config.node_name.clone(),
-        },
-    )
-    .expect("client")
-}
-
-/// The recorded cluster state: node edge-1, its two pods, two DaemonSets and their revisions.
-pub fn seed(server: &FakeApiServer) {
-    server.seed_list("pods", &fixture_body("pods_list_node"));
-    server.seed_list("daemonsets", &fixture_body("daemonsets_list_as_node"));
-    server.seed_list(
-        "controllerrevisions",
-        &fixture_body("controllerrevisions_list_rev1"),
-    );
-    server.apply("nodes", fixture_body("node_get_self"));
+    ApiClient::from_config(config).expect("client")
 }
 
 /// Polls `f` every 20 ms until it is true, or panics after `secs` seconds naming `what`.
@@ -74,7 +53,7 @@ pub struct Harness {
 impl Harness {
     pub async fn new() -> Harness {
         let server = FakeApiServer::start().await.expect("fake apiserver");
-        seed(&server);
+        server.seed_recorded_cluster();
         let dir = tempfile::tempdir().expect("tempdir");
         let kc = server
             .write_kubeconfig(&dir.path().join("kube"), NODE_TOKEN)

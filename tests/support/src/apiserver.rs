@@ -384,10 +384,7 @@ impl FakeApiServer {
                 .unwrap_or_else(|| Value::String(self.state.new_uid()));
             obj["metadata"]["uid"] = uid;
         }
-        let out = commit(&self.state, &mut db, rt, key, obj, prev);
-        drop(db);
-        self.state.rv_tx.send_replace(lock(&self.state.db).rv);
-        out
+        commit(&self.state, &mut db, rt, key, obj, prev)
     }
 
     /// Changes an existing object in place with `f`.
@@ -409,11 +406,7 @@ impl FakeApiServer {
     pub fn remove(&self, plural: &str, namespace: &str, name: &str) -> Option<Value> {
         let rt = resource_type(plural);
         let mut db = lock(&self.state.db);
-        let out = remove_locked(&mut db, rt, namespace, name);
-        let rv = db.rv;
-        drop(db);
-        self.state.rv_tx.send_replace(rv);
-        out
+        remove_locked(&self.state, &mut db, rt, namespace, name)
     }
 
     pub fn get(&self, plural: &str, namespace: &str, name: &str) -> Option<Value> {
@@ -449,9 +442,22 @@ impl FakeApiServer {
             .and_then(|s| s.parse().ok())
             .unwrap_or(0);
         db.rv = db.rv.max(list_rv);
-        let rv = db.rv;
-        drop(db);
-        self.state.rv_tx.send_replace(rv);
+        self.state.rv_tx.send_replace(db.rv);
+    }
+
+    /// The recorded cluster of the fixtures: node edge-1, its two DaemonSet pods, the two
+    /// DaemonSets and their first ControllerRevisions.
+    pub fn seed_recorded_cluster(&self) {
+        self.seed_list("pods", &crate::fixture_body("pods_list_node"));
+        self.seed_list(
+            "daemonsets",
+            &crate::fixture_body("daemonsets_list_as_node"),
+        );
+        self.seed_list(
+            "controllerrevisions",
+            &crate::fixture_body("controllerrevisions_list_rev1"),
+        );
+        self.apply("nodes", crate::fixture_body("node_get_self"));
     }
 
     /// The current resourceVersion.
@@ -659,10 +665,13 @@ fn commit(
         object: obj.clone(),
         prev,
     });
+    // Watchers wake up and take the db lock after the caller releases it.
+    state.rv_tx.send_replace(db.rv);
     obj
 }
 
 fn remove_locked(
+    state: &State,
     db: &mut Db,
     rt: &'static ResourceType,
     namespace: &str,
@@ -687,6 +696,7 @@ fn remove_locked(
         object: obj.clone(),
         prev: Some(obj.clone()),
     });
+    state.rv_tx.send_replace(db.rv);
     Some(obj)
 }
 
@@ -1472,9 +1482,6 @@ fn create(
         }
     }
     let out = commit(state, &mut db, rt, key, obj, None);
-    let rv = db.rv;
-    drop(db);
-    state.rv_tx.send_replace(rv);
     json_response(201, &out)
 }
 
@@ -1581,9 +1588,6 @@ fn update(
     obj["metadata"]["uid"] = cur["metadata"]["uid"].clone();
     obj["metadata"]["creationTimestamp"] = cur["metadata"]["creationTimestamp"].clone();
     let out = commit(state, &mut db, rt, key, obj, Some(cur));
-    let rv = db.rv;
-    drop(db);
-    state.rv_tx.send_replace(rv);
     json_response(200, &out)
 }
 
@@ -1661,9 +1665,6 @@ fn patch(
         return json_response(200, &cur);
     }
     let out = commit(state, &mut db, rt, key, next, Some(cur));
-    let rv = db.rv;
-    drop(db);
-    state.rv_tx.send_replace(rv);
     json_response(200, &out)
 }
 
@@ -1726,15 +1727,9 @@ fn delete(
         next["metadata"]["deletionTimestamp"] = now_rfc3339().into();
         next["metadata"]["deletionGracePeriodSeconds"] = grace.unwrap_or(30).into();
         let out = commit(state, &mut db, rt, key, next, Some(cur));
-        let rv = db.rv;
-        drop(db);
-        state.rv_tx.send_replace(rv);
         return json_response(200, &out);
     }
-    let out = remove_locked(&mut db, rt, namespace.unwrap_or(""), name);
-    let rv = db.rv;
-    drop(db);
-    state.rv_tx.send_replace(rv);
+    let out = remove_locked(state, &mut db, rt, namespace.unwrap_or(""), name);
     match out {
         Some(o) => json_response(200, &o),
         None => not_found(rt, name),

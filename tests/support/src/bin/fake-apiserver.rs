@@ -5,7 +5,7 @@
 //!
 //! Usage: fake-apiserver [--listen 127.0.0.1:6443] [--kubeconfig-dir DIR]
 
-use edgehub_testsupport::{fixture_body, FakeApiServer, NODE_TOKEN};
+use edgehub_testsupport::{FakeApiServer, NODE_TOKEN};
 use std::path::PathBuf;
 
 #[tokio::main]
@@ -23,13 +23,7 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     let server = FakeApiServer::start_on(listen.parse()?).await?;
-    server.seed_list("pods", &fixture_body("pods_list_node"));
-    server.seed_list("daemonsets", &fixture_body("daemonsets_list_as_node"));
-    server.seed_list(
-        "controllerrevisions",
-        &fixture_body("controllerrevisions_list_rev1"),
-    );
-    server.apply("nodes", fixture_body("node_get_self"));
+    server.seed_recorded_cluster();
     let kc = server.write_kubeconfig(&dir, NODE_TOKEN)?;
     println!(
         "fake apiserver on {} (node edge-1); kubeconfig: {}",
