@@ -225,9 +225,25 @@ impl Sync {
         shutdown: watch::Receiver<bool>,
     ) -> Sync {
         let (reporter, link) = LinkReporter::new();
+        let specs = plan(&config.node_name, &config.sync);
+        // A changed node name or namespace list must not leave objects or cursors of the old
+        // selection behind, where nothing would ever update or delete them.
+        let keys: Vec<String> = specs.iter().map(ReflectorSpec::key).collect();
+        let ns = &config.sync.watch_namespaces;
+        match store.prune(
+            &keys,
+            &[(DAEMONSETS.kind, ns), (CONTROLLER_REVISIONS.kind, ns)],
+        ) {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(
+                rows = n,
+                "forgot cached objects and cursors outside the sync selection"
+            ),
+            Err(e) => tracing::warn!(error = %e, "cannot prune the cache to the sync selection"),
+        }
         let mut stats = Vec::new();
         let mut tasks = Vec::new();
-        for spec in plan(&config.node_name, &config.sync) {
+        for spec in specs {
             let st = Arc::new(ReflectorStats::default());
             stats.push((spec.key(), st.clone()));
             let r = Reflector {

@@ -387,3 +387,29 @@ async fn client_certificate_authentication_works() {
         .all(|r| r.user.as_deref() == Some("system:node:edge-1")));
     h.stop().await;
 }
+
+#[tokio::test]
+async fn narrowing_the_selection_forgets_what_it_no_longer_covers() {
+    let mut h = Harness::new().await;
+    h.start();
+    h.wait_converged().await;
+    h.stop().await;
+    h.config.sync.watch_namespaces = vec!["infra".into()];
+    h.start();
+    wait_until(10, "DaemonSets outside `infra` are forgotten", || {
+        h.count(Kind::DaemonSet) == 0 && h.count(Kind::ControllerRevision) == 0
+    })
+    .await;
+    wait_until(10, "the namespaced reflectors watch", || {
+        h.server
+            .count(|r| r.is_watch() && r.path.contains("/namespaces/infra/"))
+            >= 2
+    })
+    .await;
+    assert_eq!(
+        h.count(Kind::Pod),
+        2,
+        "pods are selected by node, not namespace"
+    );
+    h.stop().await;
+}

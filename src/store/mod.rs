@@ -149,8 +149,16 @@ impl Store {
         objects::set_cursor(&self.conn(), resource, rv)
     }
 
-    pub fn clear_cursor(&self, resource: &str) -> Result<(), StoreError> {
-        objects::clear_cursor(&self.conn(), resource)
+    /// Forgets what the current sync selection no longer covers: cursors whose key is not in
+    /// `cursors` (another node name, other namespaces), and objects of each `(kind, namespaces)`
+    /// scope outside those namespaces (an empty list keeps all). Returns the rows deleted;
+    /// writes nothing when there is nothing to forget.
+    pub fn prune(
+        &self,
+        cursors: &[String],
+        scopes: &[(crate::object::Kind, &[String])],
+    ) -> Result<usize, StoreError> {
+        objects::prune(&mut self.conn(), cursors, scopes)
     }
 
     /// Applies watch events of one kind; writes only what changed, with the cursor in the

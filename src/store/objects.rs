@@ -125,10 +125,45 @@ pub fn set_cursor(conn: &Connection, resource: &str, rv: &str) -> Result<(), Sto
     Ok(())
 }
 
-pub fn clear_cursor(conn: &Connection, resource: &str) -> Result<(), StoreError> {
-    conn.prepare_cached("DELETE FROM sync_cursors WHERE resource = ?1")?
-        .execute(params![resource])?;
-    Ok(())
+pub fn prune(
+    conn: &mut Connection,
+    cursors: &[String],
+    scopes: &[(Kind, &[String])],
+) -> Result<usize, StoreError> {
+    let stale_cursors: Vec<String> = {
+        let mut stmt = conn.prepare_cached("SELECT resource FROM sync_cursors")?;
+        let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+        rows.filter(|r| r.as_ref().map_or(true, |k| !cursors.contains(k)))
+            .collect::<Result<_, _>>()?
+    };
+    let mut stale_namespaces: Vec<(Kind, String)> = Vec::new();
+    for (kind, keep) in scopes.iter().filter(|(_, keep)| !keep.is_empty()) {
+        let mut stmt =
+            conn.prepare_cached("SELECT DISTINCT namespace FROM objects WHERE kind = ?1")?;
+        for ns in stmt.query_map(params![kind.as_str()], |r| r.get::<_, String>(0))? {
+            let ns = ns?;
+            if !keep.contains(&ns) {
+                stale_namespaces.push((*kind, ns));
+            }
+        }
+    }
+    if stale_cursors.is_empty() && stale_namespaces.is_empty() {
+        return Ok(0);
+    }
+    let tx = conn.transaction()?;
+    let mut n = 0;
+    for key in &stale_cursors {
+        n += tx
+            .prepare_cached("DELETE FROM sync_cursors WHERE resource = ?1")?
+            .execute(params![key])?;
+    }
+    for (kind, ns) in &stale_namespaces {
+        n += tx
+            .prepare_cached("DELETE FROM objects WHERE kind = ?1 AND namespace = ?2")?
+            .execute(params![kind.as_str(), ns])?;
+    }
+    tx.commit()?;
+    Ok(n)
 }
 
 /// The stored resourceVersion and raw JSON of one object, for change detection.

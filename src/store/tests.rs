@@ -313,3 +313,46 @@ fn replace_all_in_one_namespace_leaves_the_others() {
         .replace_all(Kind::Pod, Some("ns"), &[other], ("pods@ns", "5"))
         .is_err());
 }
+
+#[test]
+fn prune_forgets_other_selections_only() {
+    let (_d, path) = db();
+    let s = Store::open(&path, OpenMode::Normal).unwrap();
+    let ds = |ns: &str, name: &str| {
+        StoredObject::from_raw(
+            Kind::DaemonSet,
+            format!(r#"{{"metadata":{{"name":"{name}","namespace":"{ns}","uid":"u{ns}{name}","resourceVersion":"1"}}}}"#),
+        )
+        .unwrap()
+    };
+    s.replace_all(
+        Kind::DaemonSet,
+        None,
+        &[ds("vehicle", "a"), ds("infra", "b")],
+        ("daemonsets.apps", "5"),
+    )
+    .unwrap();
+    s.replace_all(
+        Kind::Pod,
+        None,
+        &[pod("p", "1")],
+        ("pods?fieldSelector=spec.nodeName=old", "5"),
+    )
+    .unwrap();
+    let keep = vec!["daemonsets.apps@vehicle".to_string()];
+    let vehicle = vec!["vehicle".to_string()];
+    let n = s
+        .prune(&keep, &[(Kind::DaemonSet, &vehicle), (Kind::Pod, &[])])
+        .unwrap();
+    assert_eq!(n, 3, "two cursors and one DaemonSet");
+    assert_eq!(s.count(Kind::DaemonSet).unwrap(), 1);
+    assert_eq!(
+        s.count(Kind::Pod).unwrap(),
+        1,
+        "an empty scope keeps every namespace"
+    );
+    assert_eq!(s.cursor("daemonsets.apps").unwrap(), None);
+    let before = s.conn().total_changes();
+    assert_eq!(s.prune(&keep, &[(Kind::DaemonSet, &vehicle)]).unwrap(), 0);
+    assert_eq!(s.conn().total_changes(), before);
+}
