@@ -35,4 +35,8 @@ cargo fmt --all --check
 log "cargo clippy"
 cargo clippy --workspace --all-targets --locked --quiet -- -D warnings
 log "cargo test"
-cargo test --workspace --locked
+results=$(mktemp)
+trap 'rm -f "$results"' EXIT
+cargo test --workspace --locked 2>&1 | tee "$results"
+# One closing line for the whole run (cargo prints one per test binary, doc tests last).
+awk '/^test result:/ { p += $4; f += $6 } END { printf "tests: %d passed, %d failed\n", p, f }' "$results"

@@ -1947,3 +1947,66 @@ async fn watch_task(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn label_selectors() {
+        let l = labels(&[("app", "telemetry"), ("tier", "edge")]);
+        for (sel, want) in [
+            ("", true),
+            ("app=telemetry", true),
+            ("app==telemetry,tier=edge", true),
+            ("app!=telemetry", false),
+            ("app", true),
+            ("!app", false),
+            ("missing", false),
+            ("!missing", true),
+            ("app in (gateway, telemetry)", true),
+            ("app notin (telemetry)", false),
+            ("tier in (core),app=telemetry", false),
+        ] {
+            assert_eq!(parse_selector(sel).unwrap().matches(&l), want, "{sel}");
+        }
+        assert!(parse_selector("a b c").is_err());
+    }
+
+    #[test]
+    fn paths() {
+        let r = parse_path("/api/v1/namespaces/vehicle/pods/p/status").unwrap();
+        assert_eq!(
+            (
+                r.rt.plural,
+                r.namespace.as_deref(),
+                r.name.as_deref(),
+                r.sub.as_deref()
+            ),
+            ("pods", Some("vehicle"), Some("p"), Some("status"))
+        );
+        let r = parse_path("/apis/apps/v1/daemonsets").unwrap();
+        assert_eq!(
+            (r.rt.plural, r.namespace, r.name),
+            ("daemonsets", None, None)
+        );
+        assert!(parse_path("/api/v1/namespaces/x/nodes").is_none());
+        assert!(parse_path("/apis/apps/v2/daemonsets").is_none());
+        assert!(parse_path("/healthz").is_none());
+    }
+
+    #[test]
+    fn rfc3339_dates() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(1_795_977_769), "2026-11-29T18:42:49Z");
+    }
+}
