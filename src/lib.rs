@@ -9,11 +9,13 @@
 //! - [`kube`]: a small apiserver client (kubeconfig, rustls, typed requests, watch streams);
 //! - [`sync`]: reflectors that list/watch the apiserver into the store, and link health;
 //! - [`object`]: the few fields of a Kubernetes object the cache indexes;
+//! - [`revision`]: pure decisions: update revision, `PodNeedUpgrade`, in place or recreate;
 //! - [`names`]: DNS-1123 name rules.
 
 pub mod config;
 pub mod kube;
 pub mod names;
 pub mod object;
+pub mod revision;
 pub mod store;
 pub mod sync;
