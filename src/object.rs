@@ -64,6 +64,8 @@ pub struct ObjectIndex {
     pub revision_hash: Option<String>,
     /// `.revision` of a ControllerRevision.
     pub revision: Option<i64>,
+    /// `metadata.deletionTimestamp` is set.
+    pub deleting: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -97,6 +99,8 @@ struct Meta {
     labels: BTreeMap<String, String>,
     #[serde(default)]
     owner_references: Vec<OwnerRef>,
+    #[serde(default)]
+    deletion_timestamp: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -139,6 +143,7 @@ impl ObjectIndex {
             } else {
                 None
             },
+            deleting: m.deletion_timestamp.is_some(),
         })
     }
 }

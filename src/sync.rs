@@ -627,6 +627,7 @@ mod tests {
             owner_kind: owner.map(str::to_string),
             revision_hash: None,
             revision: Some(1),
+            deleting: false,
         };
         assert!(spec.keep(&ix(Some("DaemonSet"))));
         assert!(!spec.keep(&ix(Some("StatefulSet"))));

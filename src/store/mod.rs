@@ -10,9 +10,11 @@
 //! [`OpenMode::ResetCache`] moves it aside.
 
 mod objects;
+mod requests;
 mod schema;
 
 pub use objects::{ApplyStats, Change, StoredObject};
+pub use requests::{NewRequest, Recorded, RequestKind, RequestRecord, TERMINAL_STATES};
 pub use schema::{APPLICATION_ID, LATEST as SCHEMA_VERSION};
 
 use rusqlite::{Connection, OpenFlags};
@@ -196,6 +198,54 @@ impl Store {
 
     pub fn list(&self, kind: crate::object::Kind) -> Result<Vec<StoredObject>, StoreError> {
         objects::list(&self.conn(), kind)
+    }
+
+    /// Objects of `kind` whose controlling owner has `owner_uid` (a DaemonSet's revisions).
+    pub fn list_owned(
+        &self,
+        kind: crate::object::Kind,
+        owner_uid: &str,
+    ) -> Result<Vec<StoredObject>, StoreError> {
+        objects::list_owned(&self.conn(), kind, owner_uid)
+    }
+
+    pub fn get_by_uid(
+        &self,
+        kind: crate::object::Kind,
+        uid: &str,
+    ) -> Result<Option<StoredObject>, StoreError> {
+        objects::get_by_uid(&self.conn(), kind, uid)
+    }
+
+    /// Records an upgrade or image-pull request in state `Requested`, unless one of the same
+    /// kind is still active for that pod (then nothing is written).
+    pub fn record_request(&self, req: &NewRequest<'_>) -> Result<Recorded, StoreError> {
+        requests::record(&mut self.conn(), req)
+    }
+
+    /// The newest request of `kind` for the pod `namespace/name`.
+    pub fn latest_request(
+        &self,
+        kind: RequestKind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<RequestRecord>, StoreError> {
+        requests::latest(&self.conn(), kind, namespace, name)
+    }
+
+    /// Every request not yet in a terminal state, oldest first.
+    pub fn active_requests(&self) -> Result<Vec<RequestRecord>, StoreError> {
+        requests::active_all(&self.conn())
+    }
+
+    /// Moves a request to `state` (the upgrade engine's transitions).
+    pub fn set_request_state(
+        &self,
+        id: i64,
+        state: &str,
+        error: Option<&str>,
+    ) -> Result<(), StoreError> {
+        requests::set_state(&self.conn(), id, state, error)
     }
 
     pub fn count(&self, kind: crate::object::Kind) -> Result<u64, StoreError> {

@@ -43,8 +43,7 @@ impl ApplyStats {
     }
 }
 
-const COLUMNS: &str =
-    "kind, namespace, name, uid, resource_version, owner_uid, owner_kind, revision_hash, revision, raw";
+const COLUMNS: &str = "kind, namespace, name, uid, resource_version, owner_uid, owner_kind, revision_hash, revision, raw, deleting";
 
 fn row_to_object(row: &Row<'_>) -> rusqlite::Result<(String, StoredObject)> {
     let kind: String = row.get(0)?;
@@ -59,6 +58,7 @@ fn row_to_object(row: &Row<'_>) -> rusqlite::Result<(String, StoredObject)> {
         owner_kind: row.get(6)?,
         revision_hash: row.get(7)?,
         revision: row.get(8)?,
+        deleting: row.get(10)?,
     };
     Ok((
         kind,
@@ -99,6 +99,32 @@ pub fn list(conn: &Connection, kind: Kind) -> Result<Vec<StoredObject>, StoreErr
     let mut stmt = conn.prepare_cached(&sql)?;
     let rows = stmt.query_map(params![kind.as_str()], row_to_object)?;
     rows.map(|r| fix_kind(r?)).collect()
+}
+
+pub fn list_owned(
+    conn: &Connection,
+    kind: Kind,
+    owner_uid: &str,
+) -> Result<Vec<StoredObject>, StoreError> {
+    let sql = format!(
+        "SELECT {COLUMNS} FROM objects WHERE kind = ?1 AND owner_uid = ?2 ORDER BY namespace, name"
+    );
+    let mut stmt = conn.prepare_cached(&sql)?;
+    let rows = stmt.query_map(params![kind.as_str(), owner_uid], row_to_object)?;
+    rows.map(|r| fix_kind(r?)).collect()
+}
+
+pub fn get_by_uid(
+    conn: &Connection,
+    kind: Kind,
+    uid: &str,
+) -> Result<Option<StoredObject>, StoreError> {
+    let sql = format!("SELECT {COLUMNS} FROM objects WHERE uid = ?1 AND kind = ?2");
+    conn.prepare_cached(&sql)?
+        .query_row(params![uid, kind.as_str()], row_to_object)
+        .optional()?
+        .map(fix_kind)
+        .transpose()
 }
 
 pub fn count(conn: &Connection, kind: Kind) -> Result<u64, StoreError> {
@@ -186,13 +212,13 @@ fn upsert(conn: &Connection, obj: &StoredObject) -> rusqlite::Result<()> {
     let ix = &obj.index;
     conn.prepare_cached(
         "INSERT INTO objects (kind, namespace, name, uid, resource_version, owner_uid, owner_kind,
-                              revision_hash, revision, raw)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+                              revision_hash, revision, raw, deleting)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
          ON CONFLICT (kind, namespace, name) DO UPDATE SET
             uid = excluded.uid, resource_version = excluded.resource_version,
             owner_uid = excluded.owner_uid, owner_kind = excluded.owner_kind,
             revision_hash = excluded.revision_hash, revision = excluded.revision,
-            raw = excluded.raw",
+            raw = excluded.raw, deleting = excluded.deleting",
     )?
     .execute(params![
         ix.kind.as_str(),
@@ -204,7 +230,8 @@ fn upsert(conn: &Connection, obj: &StoredObject) -> rusqlite::Result<()> {
         ix.owner_kind,
         ix.revision_hash,
         ix.revision,
-        obj.raw
+        obj.raw,
+        ix.deleting
     ])?;
     Ok(())
 }

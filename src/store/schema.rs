@@ -31,6 +31,26 @@ const MIGRATIONS: &[&str] = &[
         resource         TEXT PRIMARY KEY NOT NULL,
         resource_version TEXT NOT NULL
     ) WITHOUT ROWID;",
+    // 1 -> 2: deletion marker for PodNeedUpgrade without parsing pods, and upgrade requests
+    // (the start of the upgrade journal). The partial unique index makes "one upgrade per pod
+    // at a time" a database fact, not a race between two API calls.
+    "ALTER TABLE objects ADD COLUMN deleting INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE requests (
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,
+        kind        TEXT NOT NULL,
+        pod_uid     TEXT NOT NULL,
+        namespace   TEXT NOT NULL,
+        name        TEXT NOT NULL,
+        from_hash   TEXT,
+        to_hash     TEXT NOT NULL,
+        state       TEXT NOT NULL,
+        error       TEXT,
+        created_ms  INTEGER NOT NULL,
+        updated_ms  INTEGER NOT NULL
+    );
+    CREATE INDEX requests_by_pod ON requests (namespace, name, kind, id);
+    CREATE UNIQUE INDEX requests_one_active ON requests (pod_uid, kind)
+        WHERE state NOT IN ('Done', 'RolledBack', 'Failed');",
 ];
 
 /// The schema version this binary writes.

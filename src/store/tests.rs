@@ -356,3 +356,84 @@ fn prune_forgets_other_selections_only() {
     assert_eq!(s.prune(&keep, &[(Kind::DaemonSet, &vehicle)]).unwrap(), 0);
     assert_eq!(s.conn().total_changes(), before);
 }
+
+#[test]
+fn one_active_request_per_pod_and_kind() {
+    let (_d, path) = db();
+    let s = Store::open(&path, OpenMode::Normal).unwrap();
+    let req = |kind| NewRequest {
+        kind,
+        pod_uid: "uid-1",
+        namespace: "vehicle",
+        name: "telemetry-sv74m",
+        from_hash: Some("old"),
+        to_hash: "new",
+    };
+    let Recorded::New(first) = s.record_request(&req(RequestKind::Upgrade)).unwrap() else {
+        panic!("first request is new")
+    };
+    assert_eq!(first.state, "Requested");
+    assert!(!first.is_terminal());
+    assert_eq!(
+        s.record_request(&req(RequestKind::Upgrade)).unwrap(),
+        Recorded::Active(first.clone())
+    );
+    // A different kind for the same pod is independent.
+    assert!(matches!(
+        s.record_request(&req(RequestKind::ImagePull)).unwrap(),
+        Recorded::New(_)
+    ));
+    assert_eq!(s.active_requests().unwrap().len(), 2);
+    // Once terminal, a new upgrade may start.
+    s.set_request_state(first.id, "Done", None).unwrap();
+    let Recorded::New(second) = s.record_request(&req(RequestKind::Upgrade)).unwrap() else {
+        panic!("after Done a new request is allowed")
+    };
+    assert!(second.id > first.id);
+    let latest = s
+        .latest_request(RequestKind::Upgrade, "vehicle", "telemetry-sv74m")
+        .unwrap()
+        .unwrap();
+    assert_eq!(latest.id, second.id);
+    assert_eq!(
+        s.latest_request(RequestKind::Upgrade, "vehicle", "nope")
+            .unwrap(),
+        None
+    );
+    // The unique index backs the check even for a writer that skips it.
+    let err = s
+        .conn()
+        .execute(
+            "INSERT INTO requests (kind, pod_uid, namespace, name, to_hash, state, created_ms, updated_ms)
+             VALUES ('upgrade', 'uid-1', 'vehicle', 'x', 'h', 'Requested', 0, 0)",
+            [],
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("UNIQUE"), "{err}");
+}
+
+#[test]
+fn a_version_1_file_is_migrated_in_place() {
+    let (_d, path) = db();
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    {
+        // What edgehub's first schema looked like, with a pod in it.
+        let c = rusqlite::Connection::open(&path).unwrap();
+        c.execute_batch(&format!(
+            "PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = 1;
+             CREATE TABLE objects (kind TEXT NOT NULL, namespace TEXT NOT NULL, name TEXT NOT NULL,
+               uid TEXT NOT NULL, resource_version TEXT NOT NULL, owner_uid TEXT, owner_kind TEXT,
+               revision_hash TEXT, revision INTEGER, raw TEXT NOT NULL,
+               PRIMARY KEY (kind, namespace, name)) WITHOUT ROWID;
+             CREATE INDEX objects_by_uid ON objects (uid);
+             CREATE INDEX objects_by_owner ON objects (kind, owner_uid);
+             CREATE TABLE sync_cursors (resource TEXT PRIMARY KEY NOT NULL, resource_version TEXT NOT NULL) WITHOUT ROWID;
+             INSERT INTO objects VALUES ('Pod','ns','a','uid-a','1',NULL,NULL,NULL,NULL,'{{}}');"
+        ))
+        .unwrap();
+    }
+    let s = Store::open(&path, OpenMode::Normal).unwrap();
+    assert_eq!(schema::user_version(&s.conn()).unwrap(), schema::LATEST);
+    let a = s.get(Kind::Pod, "ns", "a").unwrap().unwrap();
+    assert!(!a.index.deleting);
+}
