@@ -26,6 +26,20 @@ pub struct Config {
     /// A `tracing` filter, e.g. `info` or `edgehub::sync=debug`.
     pub log: String,
     pub sync: SyncConfig,
+    pub api: ApiConfig,
+}
+
+/// Local API options beyond `api_addr`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ApiConfig {
+    /// Also serve on this unix socket.
+    pub socket: Option<PathBuf>,
+    /// File mode of the socket.
+    pub socket_mode: u32,
+    /// Group owning the socket (by name), so the OTA manager's group can connect.
+    pub socket_group: Option<String>,
+    /// File holding a bearer token the API requires (health probes excepted).
+    pub token_file: Option<PathBuf>,
 }
 
 /// Knobs of the reflectors. Defaults suit a device on a flaky cellular link.
@@ -87,6 +101,17 @@ struct FileConfig {
     log: Option<String>,
     #[serde(default)]
     sync: FileSync,
+    #[serde(default)]
+    api: FileApi,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileApi {
+    socket: Option<PathBuf>,
+    socket_mode: Option<String>,
+    socket_group: Option<String>,
+    token_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -292,6 +317,37 @@ impl Config {
                 format!("must be between 1 and 5000 (got {})", sync.list_page_size),
             ));
         }
+        let a = file.api;
+        if let Some(p) = &a.socket {
+            absolute("api.socket", p)?;
+        }
+        if let Some(p) = &a.token_file {
+            absolute("api.token_file", p)?;
+        }
+        let mode_s = a.socket_mode.unwrap_or_else(|| "0660".into());
+        let socket_mode = u32::from_str_radix(&mode_s, 8)
+            .ok()
+            .filter(|m| *m <= 0o777)
+            .ok_or_else(|| {
+                invalid(
+                    "api.socket_mode",
+                    format!("{mode_s:?} is not an octal file mode like \"0660\""),
+                )
+            })?;
+        if let Some(g) = &a.socket_group {
+            if g.is_empty() || g.contains(':') || g.contains('\n') {
+                return Err(invalid(
+                    "api.socket_group",
+                    format!("{g:?} is not a group name"),
+                ));
+            }
+        }
+        let api = ApiConfig {
+            socket: a.socket,
+            socket_mode,
+            socket_group: a.socket_group,
+            token_file: a.token_file,
+        };
         Ok(Config {
             node_name,
             data_dir,
@@ -300,6 +356,7 @@ impl Config {
             cri_socket,
             log,
             sync,
+            api,
         })
     }
 }
@@ -411,6 +468,11 @@ mod tests {
             ),
             ("[sync]\nmax_event_bytes = 10", "sync.max_event_bytes"),
             ("[sync]\nlist_page_size = 0", "sync.list_page_size"),
+            ("[api]\nsocket = \"rel.sock\"", "api.socket"),
+            ("[api]\nsocket_mode = \"999\"", "api.socket_mode"),
+            ("[api]\nsocket_mode = \"01777\"", "api.socket_mode"),
+            ("[api]\ntoken_file = \"token\"", "api.token_file"),
+            ("[api]\nsocket_group = \"a:b\"", "api.socket_group"),
         ];
         for (file, field) in cases {
             let e = resolve(Some(file), &[], &Overrides::default()).unwrap_err();
@@ -446,6 +508,30 @@ mod tests {
         let e =
             Config::resolve(None, Path::new("x"), &[], &Overrides::default(), None).unwrap_err();
         assert_eq!(field_of(e), "node_name");
+    }
+
+    #[test]
+    fn api_section_is_read() {
+        let file = "[api]\nsocket = \"/run/edgehub/api.sock\"\nsocket_mode = \"0600\"\nsocket_group = \"ota\"\ntoken_file = \"/etc/edgehub/api-token\"\n";
+        let c = resolve(Some(file), &[], &Overrides::default()).unwrap();
+        assert_eq!(
+            c.api.socket.as_deref(),
+            Some(Path::new("/run/edgehub/api.sock"))
+        );
+        assert_eq!(c.api.socket_mode, 0o600);
+        assert_eq!(c.api.socket_group.as_deref(), Some("ota"));
+        assert_eq!(
+            c.api.token_file.as_deref(),
+            Some(Path::new("/etc/edgehub/api-token"))
+        );
+        let d = resolve(None, &[], &Overrides::default()).unwrap();
+        assert_eq!(
+            d.api,
+            ApiConfig {
+                socket_mode: 0o660,
+                ..Default::default()
+            }
+        );
     }
 
     #[test]

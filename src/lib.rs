@@ -4,6 +4,8 @@
 //! The crate is a library with a thin binary on top (`src/main.rs`). Data flows one way:
 //! apiserver → [`sync`] → [`store`] → the rest. Each module has one job:
 //!
+//! - [`api`]: the local HTTP API (OpenYurt's OTA routes, status, health, metrics);
+//! - [`cache`]: read-side views combining cached objects (a pod's DaemonSet and revisions);
 //! - [`config`]: file + env + flags → a validated [`config::Config`];
 //! - [`store`]: the SQLite cache, the only module that writes SQL;
 //! - [`kube`]: a small apiserver client (kubeconfig, rustls, typed requests, watch streams);
@@ -12,6 +14,9 @@
 //! - [`revision`]: pure decisions: update revision, `PodNeedUpgrade`, in place or recreate;
 //! - [`names`]: DNS-1123 name rules.
 
+pub mod api;
+pub mod cache;
+pub mod client;
 pub mod config;
 pub mod kube;
 pub mod names;

@@ -3,6 +3,8 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use edgehub::api::{self, listen};
+use edgehub::client::{self as local, LocalClient};
 use edgehub::config::{Config, Overrides, Source};
 use edgehub::kube::ApiClient;
 use edgehub::store::{OpenMode, Store};
@@ -52,6 +54,21 @@ enum Command {
     },
     /// Validate the configuration and kubeconfig, print the result, and exit.
     CheckConfig,
+    /// List the node's pods with their running and target revisions (asks the local API).
+    Pods,
+    /// Trigger the OTA upgrade of a pod (asks the local API).
+    Upgrade {
+        /// The pod, as NAMESPACE/NAME.
+        pod: String,
+        /// Follow the upgrade to its end, printing each state.
+        #[arg(long)]
+        wait: bool,
+        /// With --wait: give up after this many seconds.
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
+    },
+    /// Show link state, cache sizes and active upgrades (asks the local API).
+    Status,
     /// Print the version.
     Version,
 }
@@ -65,6 +82,9 @@ fn main() -> ExitCode {
         }
         Command::CheckConfig => check_config(&cli),
         Command::Run { reset_cache } => run(&cli, *reset_cache),
+        Command::Pods => pods(&cli),
+        Command::Upgrade { pod, wait, timeout } => upgrade(&cli, pod, *wait, *timeout),
+        Command::Status => status(&cli),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -130,17 +150,40 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
     } else {
         OpenMode::Normal
     };
+    // Start-up order: the store, then the local API, then the sync, so the cache is served
+    // before the apiserver has answered (or when it never does).
     let store = Arc::new(Store::open(&config.db_path(), mode)?);
     tracing::info!(node = %config.node_name, db = %store.path().display(), "store open");
+    let token = listen::read_token(&config)?;
+    let listeners = listen::bind(&config).await?;
     let client = api_client(&config)?;
-    tracing::info!(server = %client.server(), "sync starting");
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
-    let sync = edgehub::sync::Sync::spawn(&config, client, store.clone(), shutdown_rx);
+    let sync = edgehub::sync::Sync::spawn(&config, client, store.clone(), shutdown_rx.clone());
+    let state = Arc::new(api::ApiState {
+        store: store.clone(),
+        link: sync.link.clone(),
+        sync_stats: sync.stats.clone(),
+        metrics: Default::default(),
+        token,
+        node_name: config.node_name.clone(),
+    });
+    let mut servers = Vec::new();
+    for l in listeners {
+        servers.push(tokio::spawn(api::serve(
+            l,
+            state.clone(),
+            shutdown_rx.clone(),
+        )));
+    }
+    tracing::info!(addr = %config.api_addr, socket = ?config.api.socket, "local API serving");
 
     wait_for_signal().await?;
     tracing::info!("shutting down");
-    // Ignore the error: it only means every reflector already stopped.
+    // Ignore the error: it only means every task already stopped.
     let _ = shutdown_tx.send(true);
+    for s in servers {
+        let _ = s.await;
+    }
     sync.join().await;
     tracing::info!("stopped");
     Ok(())
@@ -155,4 +198,77 @@ async fn wait_for_signal() -> anyhow::Result<()> {
         _ = int.recv() => {}
     }
     Ok(())
+}
+
+/// A client for this node's local API, from the same configuration `edgehub run` uses.
+fn local_client(cli: &Cli) -> anyhow::Result<LocalClient> {
+    let config = load_config(cli)?;
+    Ok(LocalClient {
+        addr: config.api_addr,
+        token: listen::read_token(&config)?,
+        timeout: std::time::Duration::from_secs(30),
+    })
+}
+
+fn pods(cli: &Cli) -> anyhow::Result<()> {
+    let a = local_client(cli)?.get("/pods")?;
+    if a.status != 200 {
+        anyhow::bail!("GET /pods: {} {}", a.status, a.body.trim());
+    }
+    print!(
+        "{}",
+        local::pods_table(&a.body).map_err(anyhow::Error::msg)?
+    );
+    Ok(())
+}
+
+fn status(cli: &Cli) -> anyhow::Result<()> {
+    let a = local_client(cli)?.get("/v1/status")?;
+    if a.status != 200 {
+        anyhow::bail!("GET /v1/status: {} {}", a.status, a.body.trim());
+    }
+    print!(
+        "{}",
+        local::status_text(&a.body).map_err(anyhow::Error::msg)?
+    );
+    Ok(())
+}
+
+fn upgrade(cli: &Cli, pod: &str, wait: bool, timeout_secs: u64) -> anyhow::Result<()> {
+    let path = local::upgrade_path(pod, "upgrade").map_err(anyhow::Error::msg)?;
+    let client = local_client(cli)?;
+    let a = client.post(&path)?;
+    if a.status != 200 {
+        anyhow::bail!("{} {}", a.status, a.body.trim());
+    }
+    println!("{}", a.body.trim());
+    if !wait {
+        return Ok(());
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(timeout_secs);
+    let mut last = String::new();
+    loop {
+        let a = client.get(&path)?;
+        if a.status != 200 {
+            anyhow::bail!("{} {}", a.status, a.body.trim());
+        }
+        let v: serde_json::Value = serde_json::from_str(&a.body)?;
+        let state = v["state"].as_str().unwrap_or("?").to_string();
+        if state != last {
+            println!("{pod}: {state}");
+            last = state.clone();
+        }
+        match state.as_str() {
+            "Done" => return Ok(()),
+            "RolledBack" | "Failed" => anyhow::bail!(
+                "upgrade of {pod} ended {state}: {}",
+                v["error"].as_str().unwrap_or("no error recorded")
+            ),
+            _ => {}
+        }
+        if std::time::Instant::now() > deadline {
+            anyhow::bail!("gave up after {timeout_secs}s; the upgrade of {pod} is still {state}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
 }

@@ -247,19 +247,25 @@ impl Need {
 
     /// The `PodNeedUpgrade` condition, in OpenYurt's form: message
     /// `controllerrevision: <target hash>` whenever the target is known.
-    pub fn condition(&self) -> Value {
-        let mut c = serde_json::Map::new();
-        c.insert("type".into(), POD_NEED_UPGRADE.into());
-        c.insert(
-            "status".into(),
-            if self.needed() { "True" } else { "False" }.into(),
-        );
-        c.insert("reason".into(), self.reason().into());
-        if let Some(t) = self.target() {
-            c.insert("message".into(), format!("controllerrevision: {t}").into());
+    pub fn condition(&self) -> Condition {
+        Condition {
+            kind: POD_NEED_UPGRADE,
+            status: if self.needed() { "True" } else { "False" },
+            reason: self.reason(),
+            message: self.target().map(|t| format!("controllerrevision: {t}")),
         }
-        Value::Object(c)
     }
+}
+
+/// A pod condition, serialized with its fields in the apiserver's order.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub status: &'static str,
+    pub reason: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// Decides `PodNeedUpgrade` for one pod. `ds` is the owning DaemonSet if cached, and

@@ -30,7 +30,7 @@ impl Env {
         std::fs::write(
             &config,
             format!(
-                "node_name = \"edge-1\"\ndata_dir = \"{}\"\nkubeconfig = \"{}\"\n[sync]\nbackoff_initial_ms = 50\nbackoff_max_secs = 1\n",
+                "node_name = \"edge-1\"\napi_addr = \"127.0.0.1:0\"\ndata_dir = \"{}\"\nkubeconfig = \"{}\"\n[sync]\nbackoff_initial_ms = 50\nbackoff_max_secs = 1\n",
                 dir.path().join("data").display(),
                 kc.display()
             ),

@@ -1,0 +1,253 @@
+//! The handlers of the local API. Each takes the shared state and validated route parameters
+//! and returns a [`Reply`]; none of them sees raw request bytes.
+
+use super::podlist::{pod_list, with_condition};
+use super::{ApiState, Reply};
+use crate::cache::Decider;
+use crate::object::Kind;
+use crate::store::{NewRequest, Recorded, RequestKind, RequestRecord};
+use crate::sync::LinkState;
+use serde_json::json;
+use std::sync::atomic::Ordering;
+
+/// `GET /pods`: the node's pods from the cache, each with its `PodNeedUpgrade` condition.
+pub fn pods(state: &ApiState) -> Reply {
+    let pods = match state.store.list(Kind::Pod) {
+        Ok(p) => p,
+        Err(e) => return Reply::internal("Get pod list failed", &e),
+    };
+    let mut decider = Decider::new(&state.store);
+    let mut items = Vec::with_capacity(pods.len());
+    for pod in &pods {
+        let need = match decider.decide(&pod.index) {
+            Ok(n) => n,
+            Err(e) => return Reply::internal("Get pod list failed", &e),
+        };
+        match with_condition(&pod.raw, &need.condition()) {
+            Ok(item) => items.push(item),
+            Err(e) => {
+                // Serve what the apiserver sent rather than drop the pod from the list.
+                tracing::warn!(pod = %pod.index.name, namespace = %pod.index.namespace, error = %e,
+                    "cached pod is not a JSON object; serving it without PodNeedUpgrade");
+                items.push(pod.raw.clone());
+            }
+        }
+    }
+    Reply::json(200, pod_list("", items.iter().map(String::as_str)))
+}
+
+/// `POST .../upgrade` and `POST .../imagepull`: validate against the cache, then record the
+/// request for the upgrade engine. Works with the link down.
+pub fn request(state: &ApiState, kind: RequestKind, namespace: &str, name: &str) -> Reply {
+    let pod = match state.store.get(Kind::Pod, namespace, name) {
+        Ok(Some(p)) => p,
+        Ok(None) => return Reply::text(404, format!("Pod {namespace}/{name} not found")),
+        Err(e) => return Reply::internal("Get pod failed", &e),
+    };
+    if pod.index.owner_kind.as_deref() != Some("DaemonSet") {
+        return Reply::text(
+            400,
+            format!(
+                "Not support ota upgrade pod type {}",
+                pod.index.owner_kind.as_deref().unwrap_or("<none>")
+            ),
+        );
+    }
+    let need = match Decider::new(&state.store).decide(&pod.index) {
+        Ok(n) => n,
+        Err(e) => return Reply::internal("Get pod failed", &e),
+    };
+    let Some(target) = need.target().filter(|_| need.needed()) else {
+        tracing::info!(pod = %name, namespace = %namespace, reason = need.reason(), "upgrade refused: pod is not updatable");
+        return Reply::text(403, format!("Pod is not-updatable: {}", need.reason()));
+    };
+    let req = NewRequest {
+        kind,
+        pod_uid: &pod.index.uid,
+        namespace,
+        name,
+        from_hash: pod.index.revision_hash.as_deref(),
+        to_hash: target,
+    };
+    match state.store.record_request(&req) {
+        Ok(Recorded::New(r)) => {
+            tracing::info!(pod = %name, namespace = %namespace, request = r.id, kind = kind.as_str(),
+                from = ?r.from_hash, to = %r.to_hash, "request recorded");
+            let body = match kind {
+                RequestKind::Upgrade => format!("Start updating pod {namespace}/{name}"),
+                RequestKind::ImagePull => {
+                    format!("Image pre-pull requested for pod {namespace}/{name}")
+                }
+            };
+            // OpenYurt answers with this content type and an unquoted body.
+            Reply::json(200, body)
+        }
+        Ok(Recorded::Active(r)) => Reply::text(
+            409,
+            format!(
+                "{} of pod {namespace}/{name} is already in progress (request {}, state {})",
+                match kind {
+                    RequestKind::Upgrade => "Upgrade",
+                    RequestKind::ImagePull => "Image pre-pull",
+                },
+                r.id,
+                r.state
+            ),
+        ),
+        Err(e) => Reply::internal("Apply update failed", &e),
+    }
+}
+
+fn record_json(r: &RequestRecord) -> serde_json::Value {
+    json!({
+        "id": r.id,
+        "kind": r.kind.as_str(),
+        "namespace": r.namespace,
+        "name": r.name,
+        "podUID": r.pod_uid,
+        "from": r.from_hash,
+        "to": r.to_hash,
+        "state": r.state,
+        "error": r.error,
+        "createdMs": r.created_ms,
+        "updatedMs": r.updated_ms,
+    })
+}
+
+/// `GET .../upgrade`: the pod's latest upgrade request.
+pub fn upgrade_status(state: &ApiState, namespace: &str, name: &str) -> Reply {
+    match state
+        .store
+        .latest_request(RequestKind::Upgrade, namespace, name)
+    {
+        Ok(Some(r)) => Reply::json(200, record_json(&r).to_string()),
+        Ok(None) => Reply::text(
+            404,
+            format!("No upgrade requested for pod {namespace}/{name}"),
+        ),
+        Err(e) => Reply::internal("Get upgrade failed", &e),
+    }
+}
+
+fn link_json(link: &LinkState) -> serde_json::Value {
+    match link {
+        LinkState::Unknown => json!({"state": "Unknown"}),
+        LinkState::Online => json!({"state": "Online"}),
+        LinkState::Offline { reason } => json!({"state": "Offline", "reason": reason}),
+    }
+}
+
+/// `GET /v1/status`: link, cache sizes and active requests.
+pub fn status(state: &ApiState) -> Reply {
+    let count = |k| state.store.count(k);
+    let (pods, ds, crs, nodes) = match (
+        count(Kind::Pod),
+        count(Kind::DaemonSet),
+        count(Kind::ControllerRevision),
+        count(Kind::Node),
+    ) {
+        (Ok(a), Ok(b), Ok(c), Ok(d)) => (a, b, c, d),
+        (Err(e), ..) | (_, Err(e), ..) | (_, _, Err(e), _) | (_, _, _, Err(e)) => {
+            return Reply::internal("Get status failed", &e)
+        }
+    };
+    let active = match state.store.active_requests() {
+        Ok(a) => a,
+        Err(e) => return Reply::internal("Get status failed", &e),
+    };
+    let body = json!({
+        "node": state.node_name,
+        "link": link_json(&state.link.borrow()),
+        "cache": {"pods": pods, "daemonSets": ds, "controllerRevisions": crs, "nodes": nodes},
+        "activeRequests": active.iter().map(record_json).collect::<Vec<_>>(),
+    });
+    Reply::json(200, body.to_string())
+}
+
+/// `GET /v1/readyz`: ready when the store answers.
+pub fn readyz(state: &ApiState) -> Reply {
+    match state.store.count(Kind::Node) {
+        Ok(_) => Reply::text(200, "ok"),
+        Err(e) => Reply::text(503, format!("store: {e}")),
+    }
+}
+
+/// `GET /metrics`: Prometheus text.
+pub fn metrics(state: &ApiState) -> Reply {
+    use super::metrics::family;
+    let mut out = String::new();
+    let kinds = [
+        (Kind::Pod, "Pod"),
+        (Kind::DaemonSet, "DaemonSet"),
+        (Kind::ControllerRevision, "ControllerRevision"),
+        (Kind::Node, "Node"),
+    ];
+    let samples: Vec<(String, u64)> = kinds
+        .iter()
+        .map(|(k, n)| (format!("kind=\"{n}\""), state.store.count(*k).unwrap_or(0)))
+        .collect();
+    family(
+        &mut out,
+        "edgehub_cache_objects",
+        "gauge",
+        "Objects in the local cache.",
+        &samples,
+    );
+    let online = matches!(*state.link.borrow(), LinkState::Online) as u64;
+    family(
+        &mut out,
+        "edgehub_link_online",
+        "gauge",
+        "1 when the apiserver is reachable.",
+        &[(String::new(), online)],
+    );
+    let per = |f: fn(&crate::sync::ReflectorStats) -> u64| -> Vec<(String, u64)> {
+        state
+            .sync_stats
+            .iter()
+            .map(|(k, s)| (format!("resource=\"{}\"", k.replace('"', "")), f(s)))
+            .collect()
+    };
+    family(
+        &mut out,
+        "edgehub_sync_lists_total",
+        "counter",
+        "Full lists per watched resource.",
+        &per(|s| s.lists.load(Ordering::Relaxed)),
+    );
+    family(
+        &mut out,
+        "edgehub_sync_events_total",
+        "counter",
+        "Watch events received.",
+        &per(|s| s.events.load(Ordering::Relaxed)),
+    );
+    family(
+        &mut out,
+        "edgehub_sync_writes_total",
+        "counter",
+        "Objects written or deleted in the cache.",
+        &per(|s| s.written.load(Ordering::Relaxed)),
+    );
+    family(
+        &mut out,
+        "edgehub_sync_malformed_total",
+        "counter",
+        "Malformed events or objects skipped.",
+        &per(|s| s.malformed.load(Ordering::Relaxed)),
+    );
+    family(
+        &mut out,
+        "edgehub_sync_errors_total",
+        "counter",
+        "Sync errors (each followed by a backoff).",
+        &per(|s| s.errors.load(Ordering::Relaxed)),
+    );
+    state.metrics.render_requests(&mut out);
+    Reply {
+        status: 200,
+        content_type: "text/plain; version=0.0.4",
+        body: out.into(),
+        allow: None,
+    }
+}

@@ -1,0 +1,262 @@
+//! The local HTTP API on the device: OpenYurt's OTA routes (`GET /pods`,
+//! `POST /openyurt.io/v1/namespaces/{ns}/pods/{name}/upgrade`, `.../imagepull`), the state of
+//! an upgrade, status, health and metrics. It serves from the cache and works with the link
+//! down.
+//!
+//! Input hygiene: routes and names are checked by [`router::route`] before any handler runs;
+//! headers are capped by hyper's buffer size, bodies at [`MAX_BODY`], and every connection has
+//! a header-read timeout and every request a deadline. Errors are short plain text, as
+//! OpenYurt's are.
+
+pub mod handlers;
+pub mod listen;
+pub mod metrics;
+pub mod podlist;
+pub mod router;
+
+use crate::store::{RequestKind, Store};
+use crate::sync::{LinkState, ReflectorStats};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use router::Route;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{watch, Semaphore};
+
+/// Largest request body read (the routes take none; this only bounds what is drained).
+pub const MAX_BODY: usize = 64 << 10;
+/// Largest request head (request line plus headers).
+pub const MAX_HEAD: usize = 16 << 10;
+/// Connections served at once; more wait in the kernel's accept queue.
+pub const MAX_CONNECTIONS: usize = 64;
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the handlers share.
+pub struct ApiState {
+    pub store: Arc<Store>,
+    pub link: watch::Receiver<LinkState>,
+    pub sync_stats: Vec<(String, Arc<ReflectorStats>)>,
+    pub metrics: metrics::Metrics,
+    /// When set, every route but the health probes needs `Authorization: Bearer <token>`.
+    pub token: Option<String>,
+    pub node_name: String,
+}
+
+/// A response before it becomes HTTP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    pub status: u16,
+    pub content_type: &'static str,
+    pub body: Bytes,
+    pub allow: Option<&'static str>,
+}
+
+impl Reply {
+    pub fn text(status: u16, body: impl Into<String>) -> Reply {
+        Reply {
+            status,
+            content_type: "text/plain; charset=utf-8",
+            body: Bytes::from(body.into()),
+            allow: None,
+        }
+    }
+
+    pub fn json(status: u16, body: impl Into<String>) -> Reply {
+        Reply {
+            status,
+            content_type: "application/json",
+            body: Bytes::from(body.into()),
+            allow: None,
+        }
+    }
+
+    /// A 500 with a short body; the detail goes to the log, not to the caller.
+    pub fn internal(what: &str, e: &dyn std::fmt::Display) -> Reply {
+        tracing::error!(error = %e, "{what}");
+        Reply::text(500, what)
+    }
+}
+
+/// Compares without an early exit, so the token cannot be guessed byte by byte from timing.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn authorized(state: &ApiState, req: &Request<Incoming>) -> bool {
+    let Some(token) = &state.token else {
+        return true;
+    };
+    req.headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+        .is_some_and(|t| constant_time_eq(t, token.as_bytes()))
+}
+
+/// Runs one route's handler.
+fn dispatch(state: &ApiState, route: &Route) -> Reply {
+    match route {
+        Route::Pods => handlers::pods(state),
+        Route::Upgrade { namespace, name } => {
+            handlers::request(state, RequestKind::Upgrade, namespace, name)
+        }
+        Route::ImagePull { namespace, name } => {
+            handlers::request(state, RequestKind::ImagePull, namespace, name)
+        }
+        Route::UpgradeStatus { namespace, name } => {
+            handlers::upgrade_status(state, namespace, name)
+        }
+        Route::Status => handlers::status(state),
+        Route::Healthz => Reply::text(200, "ok"),
+        Route::Readyz => handlers::readyz(state),
+        Route::Metrics => handlers::metrics(state),
+    }
+}
+
+/// Handles one request: route, authenticate, drain the (capped) body, dispatch, count.
+pub async fn handle(state: Arc<ApiState>, req: Request<Incoming>) -> Reply {
+    let method = req.method().as_str().to_string();
+    let (route_name, reply) = match router::route(&method, req.uri().path()) {
+        Err(r) => (
+            "rejected",
+            Reply {
+                allow: r.allow,
+                ..Reply::text(r.status, r.message)
+            },
+        ),
+        Ok(route) if route.needs_auth() && !authorized(&state, &req) => {
+            (route.name(), Reply::text(401, "Unauthorized"))
+        }
+        Ok(route) => {
+            let body = Limited::new(req.into_body(), MAX_BODY);
+            match tokio::time::timeout(REQUEST_TIMEOUT, body.collect()).await {
+                Err(_) => (route.name(), Reply::text(408, "Request body timeout")),
+                Ok(Err(_)) => (route.name(), Reply::text(413, "Request body too large")),
+                Ok(Ok(_)) => {
+                    let st = state.clone();
+                    let r = route.clone();
+                    // Store work is synchronous; keep it off the async workers.
+                    let job = tokio::task::spawn_blocking(move || dispatch(&st, &r));
+                    match tokio::time::timeout(REQUEST_TIMEOUT, job).await {
+                        Ok(Ok(reply)) => (route.name(), reply),
+                        Ok(Err(e)) => (route.name(), Reply::internal("Handler failed", &e)),
+                        Err(_) => (route.name(), Reply::text(503, "Request timed out")),
+                    }
+                }
+            }
+        }
+    };
+    state.metrics.count(route_name, reply.status);
+    let mut reply = reply;
+    if method == "HEAD" {
+        reply.body = Bytes::new();
+    }
+    reply
+}
+
+fn to_response(reply: Reply) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(reply.body));
+    *resp.status_mut() = hyper::StatusCode::from_u16(reply.status)
+        .unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(reply.content_type),
+    );
+    if let Some(allow) = reply.allow {
+        resp.headers_mut().insert(
+            hyper::header::ALLOW,
+            hyper::header::HeaderValue::from_static(allow),
+        );
+    }
+    resp
+}
+
+/// Serves one connection.
+async fn serve_connection<IO>(io: IO, state: Arc<ApiState>)
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = hyper::service::service_fn(move |req| {
+        let state = state.clone();
+        async move { Ok::<_, std::convert::Infallible>(to_response(handle(state, req).await)) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .max_buf_size(MAX_HEAD)
+        .serve_connection(TokioIo::new(io), svc);
+    if let Err(e) = conn.await {
+        tracing::debug!(error = %e, "local API connection ended with an error");
+    }
+}
+
+/// A listener the API serves on: TCP, or a unix socket.
+pub enum Listener {
+    Tcp(tokio::net::TcpListener),
+    Unix(tokio::net::UnixListener),
+}
+
+/// Accepts connections until `shutdown` flips, serving at most [`MAX_CONNECTIONS`] at once.
+pub async fn serve(listener: Listener, state: Arc<ApiState>, mut shutdown: watch::Receiver<bool>) {
+    let limit = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let permit = tokio::select! {
+            p = limit.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
+            _ = shutdown.changed() => return,
+        };
+        let state = state.clone();
+        let accepted = tokio::select! {
+            a = accept(&listener) => a,
+            _ = shutdown.changed() => return,
+        };
+        match accepted {
+            Ok(Conn::Tcp(s)) => {
+                let _ = s.set_nodelay(true);
+                tokio::spawn(async move {
+                    serve_connection(s, state).await;
+                    drop(permit);
+                });
+            }
+            Ok(Conn::Unix(s)) => {
+                tokio::spawn(async move {
+                    serve_connection(s, state).await;
+                    drop(permit);
+                });
+            }
+            Err(e) => {
+                // Out of file descriptors and the like: pause instead of spinning.
+                tracing::warn!(error = %e, "local API accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+enum Conn {
+    Tcp(tokio::net::TcpStream),
+    Unix(tokio::net::UnixStream),
+}
+
+async fn accept(l: &Listener) -> std::io::Result<Conn> {
+    match l {
+        Listener::Tcp(t) => t.accept().await.map(|(s, _)| Conn::Tcp(s)),
+        Listener::Unix(u) => u.accept().await.map(|(s, _)| Conn::Unix(s)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_comparison() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"ab"));
+        assert!(constant_time_eq(b"", b""));
+    }
+}

@@ -1,0 +1,245 @@
+//! The local API's routes, as a pure function of method and path, so it can be fuzzed and
+//! unit-tested without a server. Names are checked here: bad input never reaches a handler.
+
+use crate::names::{check_label, check_subdomain};
+
+/// Longest request path accepted (414 beyond).
+pub const MAX_PATH: usize = 1024;
+
+/// A recognized request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    Pods,
+    Upgrade { namespace: String, name: String },
+    ImagePull { namespace: String, name: String },
+    UpgradeStatus { namespace: String, name: String },
+    Status,
+    Healthz,
+    Readyz,
+    Metrics,
+}
+
+impl Route {
+    /// A low-cardinality name for metrics.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Route::Pods => "pods",
+            Route::Upgrade { .. } => "upgrade",
+            Route::ImagePull { .. } => "imagepull",
+            Route::UpgradeStatus { .. } => "upgrade_status",
+            Route::Status => "status",
+            Route::Healthz => "healthz",
+            Route::Readyz => "readyz",
+            Route::Metrics => "metrics",
+        }
+    }
+
+    /// Health probes stay open even when a bearer token is configured.
+    pub fn needs_auth(&self) -> bool {
+        !matches!(self, Route::Healthz | Route::Readyz)
+    }
+}
+
+/// Why a request was refused before any handler ran.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reject {
+    pub status: u16,
+    pub message: String,
+    /// For 405: the methods the path allows.
+    pub allow: Option<&'static str>,
+}
+
+fn reject(status: u16, message: impl Into<String>) -> Reject {
+    Reject {
+        status,
+        message: message.into(),
+        allow: None,
+    }
+}
+
+/// Every route: path pattern, allowed method, and the status codes it answers with. The
+/// OpenAPI document is checked against this table.
+pub const ROUTES: &[(&str, &str, &[u16])] = &[
+    ("/pods", "GET", &[200, 401, 500]),
+    (
+        "/openyurt.io/v1/namespaces/{ns}/pods/{name}/upgrade",
+        "POST",
+        &[200, 400, 401, 403, 404, 409, 500],
+    ),
+    (
+        "/openyurt.io/v1/namespaces/{ns}/pods/{name}/upgrade",
+        "GET",
+        &[200, 400, 401, 404, 500],
+    ),
+    (
+        "/openyurt.io/v1/namespaces/{ns}/pods/{name}/imagepull",
+        "POST",
+        &[200, 400, 401, 403, 404, 409, 500],
+    ),
+    ("/v1/status", "GET", &[200, 401, 500]),
+    ("/v1/healthz", "GET", &[200]),
+    ("/v1/readyz", "GET", &[200, 503]),
+    ("/metrics", "GET", &[200, 401]),
+];
+
+/// Maps a method and path to a route.
+pub fn route(method: &str, path: &str) -> Result<Route, Reject> {
+    if path.len() > MAX_PATH {
+        return Err(reject(414, "Request path too long"));
+    }
+    let segs: Vec<&str> = path.strip_prefix('/').unwrap_or(path).split('/').collect();
+    let (route, allow) = match segs.as_slice() {
+        ["pods"] => (Route::Pods, "GET"),
+        ["v1", "status"] => (Route::Status, "GET"),
+        ["v1", "healthz"] => (Route::Healthz, "GET"),
+        ["v1", "readyz"] => (Route::Readyz, "GET"),
+        ["metrics"] => (Route::Metrics, "GET"),
+        ["openyurt.io", "v1", "namespaces", ns, "pods", name, action] => {
+            check_label(ns).map_err(|r| reject(400, format!("Invalid namespace: {r}")))?;
+            check_subdomain(name).map_err(|r| reject(400, format!("Invalid pod name: {r}")))?;
+            let (namespace, name) = (ns.to_string(), name.to_string());
+            match (*action, method) {
+                ("upgrade", "GET") => (Route::UpgradeStatus { namespace, name }, "GET, POST"),
+                ("upgrade", _) => (Route::Upgrade { namespace, name }, "GET, POST"),
+                ("imagepull", _) => (Route::ImagePull { namespace, name }, "POST"),
+                _ => return Err(reject(404, "Not found")),
+            }
+        }
+        _ => return Err(reject(404, "Not found")),
+    };
+    let allowed = match &route {
+        Route::UpgradeStatus { .. } | Route::Upgrade { .. } => method == "GET" || method == "POST",
+        Route::ImagePull { .. } => method == "POST",
+        _ => method == "GET" || method == "HEAD",
+    };
+    if !allowed {
+        return Err(Reject {
+            status: 405,
+            message: "Method not allowed".into(),
+            allow: Some(allow),
+        });
+    }
+    Ok(route)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes() {
+        assert_eq!(route("GET", "/pods"), Ok(Route::Pods));
+        assert_eq!(
+            route(
+                "POST",
+                "/openyurt.io/v1/namespaces/default/pods/nginx-daemonset-bwzss/upgrade"
+            ),
+            Ok(Route::Upgrade {
+                namespace: "default".into(),
+                name: "nginx-daemonset-bwzss".into()
+            })
+        );
+        assert!(matches!(
+            route("GET", "/openyurt.io/v1/namespaces/default/pods/p/upgrade"),
+            Ok(Route::UpgradeStatus { .. })
+        ));
+        assert!(matches!(
+            route(
+                "POST",
+                "/openyurt.io/v1/namespaces/default/pods/p/imagepull"
+            ),
+            Ok(Route::ImagePull { .. })
+        ));
+        assert_eq!(route("GET", "/v1/healthz"), Ok(Route::Healthz));
+        assert_eq!(route("GET", "/v1/readyz"), Ok(Route::Readyz));
+        assert_eq!(route("GET", "/metrics"), Ok(Route::Metrics));
+        assert_eq!(route("GET", "/v1/status"), Ok(Route::Status));
+    }
+
+    #[test]
+    fn wrong_methods_get_405_with_allow() {
+        let r = route("POST", "/pods").unwrap_err();
+        assert_eq!((r.status, r.allow), (405, Some("GET")));
+        let r = route("DELETE", "/openyurt.io/v1/namespaces/a/pods/b/upgrade").unwrap_err();
+        assert_eq!((r.status, r.allow), (405, Some("GET, POST")));
+        let r = route("GET", "/openyurt.io/v1/namespaces/a/pods/b/imagepull").unwrap_err();
+        assert_eq!((r.status, r.allow), (405, Some("POST")));
+    }
+
+    #[test]
+    fn bad_names_are_400_before_anything_else() {
+        for path in [
+            "/openyurt.io/v1/namespaces/Bad/pods/p/upgrade",
+            "/openyurt.io/v1/namespaces/a/pods/UPPER/upgrade",
+            "/openyurt.io/v1/namespaces//pods/p/upgrade",
+            "/openyurt.io/v1/namespaces/a/pods//upgrade",
+            "/openyurt.io/v1/namespaces/a/pods/..%2f/upgrade",
+            "/openyurt.io/v1/namespaces/a/pods/p%00/upgrade",
+        ] {
+            assert_eq!(route("POST", path).unwrap_err().status, 400, "{path}");
+        }
+        let long_ns = format!(
+            "/openyurt.io/v1/namespaces/{}/pods/p/upgrade",
+            "a".repeat(64)
+        );
+        assert_eq!(route("POST", &long_ns).unwrap_err().status, 400);
+        let long_name = format!(
+            "/openyurt.io/v1/namespaces/a/pods/{}/upgrade",
+            "a".repeat(254)
+        );
+        assert_eq!(route("POST", &long_name).unwrap_err().status, 400);
+        let ok_name = format!(
+            "/openyurt.io/v1/namespaces/a/pods/{}/upgrade",
+            "a".repeat(253)
+        );
+        assert!(route("POST", &ok_name).is_ok());
+    }
+
+    #[test]
+    fn unknown_and_oversized_paths() {
+        for path in [
+            "/",
+            "",
+            "/pods/",
+            "/podsx",
+            "/openyurt.io/v1/namespaces/a/pods/b/delete",
+            "/v1",
+            "//pods",
+        ] {
+            assert_eq!(route("GET", path).unwrap_err().status, 404, "{path}");
+        }
+        assert_eq!(
+            route("GET", &format!("/{}", "a".repeat(2000)))
+                .unwrap_err()
+                .status,
+            414
+        );
+    }
+
+    #[test]
+    fn the_route_table_lists_every_route() {
+        for (pattern, method, codes) in ROUTES {
+            let path = pattern.replace("{ns}", "default").replace("{name}", "p");
+            assert!(route(method, &path).is_ok(), "{method} {path}");
+            assert!(!codes.is_empty());
+        }
+    }
+
+    #[test]
+    fn random_input_never_panics() {
+        let mut rng = fastrand::Rng::with_seed(3);
+        let alphabet: Vec<char> = "/abcz09-._%~?#:AZ\u{0}\u{e9}".chars().collect();
+        for _ in 0..20_000 {
+            let len = rng.usize(0..80);
+            let p: String = (0..len)
+                .map(|_| alphabet[rng.usize(..alphabet.len())])
+                .collect();
+            let m = ["GET", "POST", "PUT", "", "get"][rng.usize(..5)];
+            let _ = route(m, &p);
+            let _ = route(
+                m,
+                &format!("/openyurt.io/v1/namespaces/{p}/pods/{p}/upgrade"),
+            );
+        }
+    }
+}

@@ -1,0 +1,259 @@
+//! The command-line side of the local API: a small blocking HTTP client, and the pure
+//! functions that turn the API's answers into what `edgehub pods|upgrade|status` print.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use serde_json::Value;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot reach edgehub's local API at {addr}: {reason} (is `edgehub run` running?)")]
+    Connect { addr: SocketAddr, reason: String },
+    #[error("local API at {addr}: {reason}")]
+    Http { addr: SocketAddr, reason: String },
+}
+
+/// An answer of the local API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub status: u16,
+    pub body: String,
+}
+
+/// A client for `http://<api_addr>`.
+#[derive(Debug, Clone)]
+pub struct LocalClient {
+    pub addr: SocketAddr,
+    pub token: Option<String>,
+    pub timeout: Duration,
+}
+
+impl LocalClient {
+    pub fn get(&self, path: &str) -> Result<Answer, ClientError> {
+        self.call("GET", path)
+    }
+
+    pub fn post(&self, path: &str) -> Result<Answer, ClientError> {
+        self.call("POST", path)
+    }
+
+    fn call(&self, method: &str, path: &str) -> Result<Answer, ClientError> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| self.http(format!("cannot start a runtime: {e}")))?;
+        rt.block_on(async {
+            match tokio::time::timeout(self.timeout, self.call_async(method, path)).await {
+                Ok(r) => r,
+                Err(_) => Err(self.http(format!("no answer within {:?}", self.timeout))),
+            }
+        })
+    }
+
+    fn http(&self, reason: String) -> ClientError {
+        ClientError::Http {
+            addr: self.addr,
+            reason,
+        }
+    }
+
+    async fn call_async(&self, method: &str, path: &str) -> Result<Answer, ClientError> {
+        let tcp = tokio::net::TcpStream::connect(self.addr)
+            .await
+            .map_err(|e| ClientError::Connect {
+                addr: self.addr,
+                reason: e.to_string(),
+            })?;
+        let (mut send, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+                .await
+                .map_err(|e| self.http(e.to_string()))?;
+        tokio::spawn(conn);
+        let mut req = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header(hyper::header::HOST, self.addr.to_string());
+        if let Some(t) = &self.token {
+            req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {t}"));
+        }
+        let req = req
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| self.http(e.to_string()))?;
+        let resp = send
+            .send_request(req)
+            .await
+            .map_err(|e| self.http(e.to_string()))?;
+        let status = resp.status().as_u16();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| self.http(e.to_string()))?
+            .to_bytes();
+        Ok(Answer {
+            status,
+            body: String::from_utf8_lossy(&body).into_owned(),
+        })
+    }
+}
+
+/// The API path of a pod's upgrade, from `NS/NAME`.
+pub fn upgrade_path(target: &str, action: &str) -> Result<String, String> {
+    let (ns, name) = target
+        .split_once('/')
+        .ok_or_else(|| format!("{target:?} is not NAMESPACE/NAME"))?;
+    crate::names::check_label(ns).map_err(|r| format!("namespace {ns:?}: {r}"))?;
+    crate::names::check_subdomain(name).map_err(|r| format!("pod name {name:?}: {r}"))?;
+    Ok(format!(
+        "/openyurt.io/v1/namespaces/{ns}/pods/{name}/{action}"
+    ))
+}
+
+/// The `edgehub pods` table from a `GET /pods` body.
+pub fn pods_table(body: &str) -> Result<String, String> {
+    let list: Value =
+        serde_json::from_str(body).map_err(|e| format!("GET /pods is not JSON: {e}"))?;
+    let items = list["items"].as_array().cloned().unwrap_or_default();
+    let mut rows = vec![[
+        "POD".to_string(),
+        "RUNNING".into(),
+        "TARGET".into(),
+        "NEED-UPGRADE".into(),
+        "PHASE".into(),
+    ]];
+    for p in &items {
+        let s = |v: &Value| v.as_str().unwrap_or("-").to_string();
+        let cond = p["status"]["conditions"]
+            .as_array()
+            .and_then(|cs| {
+                cs.iter()
+                    .find(|c| c["type"] == crate::revision::POD_NEED_UPGRADE)
+            })
+            .cloned()
+            .unwrap_or(Value::Null);
+        let target = cond["message"]
+            .as_str()
+            .and_then(|m| m.strip_prefix("controllerrevision: "))
+            .unwrap_or("-")
+            .to_string();
+        let need = match (cond["status"].as_str(), cond["reason"].as_str()) {
+            (Some(st), Some(r)) => format!("{st} ({r})"),
+            (Some(st), None) => st.to_string(),
+            _ => "-".into(),
+        };
+        rows.push([
+            format!(
+                "{}/{}",
+                s(&p["metadata"]["namespace"]),
+                s(&p["metadata"]["name"])
+            ),
+            s(&p["metadata"]["labels"][crate::object::REVISION_HASH_LABEL]),
+            target,
+            need,
+            s(&p["status"]["phase"]),
+        ]);
+    }
+    let mut widths = [0usize; 5];
+    for r in &rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for r in &rows {
+        let line: Vec<String> = r
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    Ok(out)
+}
+
+/// The `edgehub status` text from a `GET /v1/status` body.
+pub fn status_text(body: &str) -> Result<String, String> {
+    let v: Value =
+        serde_json::from_str(body).map_err(|e| format!("GET /v1/status is not JSON: {e}"))?;
+    let mut out = format!("node:   {}\n", v["node"].as_str().unwrap_or("-"));
+    let link = &v["link"];
+    out.push_str(&format!(
+        "link:   {}",
+        link["state"].as_str().unwrap_or("-")
+    ));
+    if let Some(r) = link["reason"].as_str() {
+        out.push_str(&format!(" ({r})"));
+    }
+    out.push('\n');
+    let c = &v["cache"];
+    out.push_str(&format!(
+        "cache:  {} pods, {} DaemonSets, {} ControllerRevisions, {} nodes\n",
+        c["pods"], c["daemonSets"], c["controllerRevisions"], c["nodes"]
+    ));
+    let active = v["activeRequests"].as_array().cloned().unwrap_or_default();
+    if active.is_empty() {
+        out.push_str("active: none\n");
+    }
+    for r in active {
+        out.push_str(&format!(
+            "active: {} {}/{} {} -> {} [{}] (request {})\n",
+            r["kind"].as_str().unwrap_or("-"),
+            r["namespace"].as_str().unwrap_or("-"),
+            r["name"].as_str().unwrap_or("-"),
+            r["from"].as_str().unwrap_or("-"),
+            r["to"].as_str().unwrap_or("-"),
+            r["state"].as_str().unwrap_or("-"),
+            r["id"],
+        ));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upgrade_paths() {
+        assert_eq!(
+            upgrade_path("vehicle/telemetry-sv74m", "upgrade").unwrap(),
+            "/openyurt.io/v1/namespaces/vehicle/pods/telemetry-sv74m/upgrade"
+        );
+        for bad in ["nope", "/x", "a/", "A/b", "a/b/c"] {
+            assert!(upgrade_path(bad, "upgrade").is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn pods_table_shows_revisions_and_the_condition() {
+        let body = r#"{"kind":"PodList","items":[
+            {"metadata":{"name":"telemetry-sv74m","namespace":"vehicle","labels":{"controller-revision-hash":"768bcc7446"}},
+             "status":{"phase":"Running","conditions":[{"type":"PodNeedUpgrade","status":"True","reason":"NewRevisionAvailable","message":"controllerrevision: 55778fbb9f"}]}},
+            {"metadata":{"name":"other","namespace":"vehicle"},"status":{}}]}"#;
+        let t = pods_table(body).unwrap();
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[0].starts_with("POD"));
+        assert!(
+            lines[1].contains("vehicle/telemetry-sv74m")
+                && lines[1].contains("768bcc7446")
+                && lines[1].contains("55778fbb9f")
+        );
+        assert!(lines[1].contains("True (NewRevisionAvailable)") && lines[1].ends_with("Running"));
+        assert!(lines[2].starts_with("vehicle/other"));
+        assert!(pods_table("nope").is_err());
+    }
+
+    #[test]
+    fn status_text_lists_link_cache_and_requests() {
+        let body = r#"{"node":"edge-1","link":{"state":"Offline","reason":"refused"},
+            "cache":{"pods":2,"daemonSets":2,"controllerRevisions":3,"nodes":1},
+            "activeRequests":[{"id":1,"kind":"upgrade","namespace":"vehicle","name":"p","from":"a","to":"b","state":"Requested"}]}"#;
+        let t = status_text(body).unwrap();
+        assert!(t.contains("link:   Offline (refused)"));
+        assert!(t.contains("2 pods, 2 DaemonSets, 3 ControllerRevisions, 1 nodes"));
+        assert!(t.contains("upgrade vehicle/p a -> b [Requested] (request 1)"));
+    }
+}
