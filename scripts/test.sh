@@ -8,7 +8,7 @@ export CARGO_TERM_COLOR=never
 log() { printf '==> %s\n' "$*"; }
 
 # Debian packages the build and the tests need.
-apt_packages=(gcc libc6-dev)
+apt_packages=(gcc libc6-dev curl)
 missing=()
 for p in "${apt_packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,516 @@
+//! The local API over real HTTP, backed by a cache the reflectors filled from the fake
+//! apiserver, with the link cut for the OTA calls.
+
+mod common;
+
+use common::{wait_until, Harness};
+use edgehub::api::{self, listen, ApiState, Listener};
+use edgehub::client::{Answer, LocalClient};
+use edgehub::object::Kind;
+use edgehub_testsupport::fixture_body;
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+struct Api {
+    addr: SocketAddr,
+    _stop: tokio::sync::watch::Sender<bool>,
+}
+
+async fn start_api(h: &Harness, token: Option<&str>) -> Api {
+    let mut cfg = h.config.clone();
+    cfg.api_addr = "127.0.0.1:0".parse().unwrap();
+    let mut ls = listen::bind(&cfg).await.unwrap();
+    let Listener::Tcp(tcp) = ls.remove(0) else {
+        panic!("tcp first")
+    };
+    let addr = tcp.local_addr().unwrap();
+    let state = Arc::new(ApiState {
+        store: h.store.clone().unwrap(),
+        link: h.sync().link.clone(),
+        sync_stats: h.sync().stats.clone(),
+        metrics: Default::default(),
+        token: token.map(str::to_string),
+        node_name: "edge-1".into(),
+    });
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(api::serve(Listener::Tcp(tcp), state, rx));
+    Api { addr, _stop: tx }
+}
+
+/// A request through edgehub's own CLI client (blocking, so off the async workers).
+async fn call(addr: SocketAddr, method: &'static str, path: &str) -> Answer {
+    let c = LocalClient {
+        addr,
+        token: None,
+        timeout: Duration::from_secs(10),
+    };
+    let path = path.to_string();
+    tokio::task::spawn_blocking(move || {
+        if method == "GET" {
+            c.get(&path)
+        } else {
+            c.post(&path)
+        }
+    })
+    .await
+    .unwrap()
+    .unwrap()
+}
+
+/// The operator rolls the telemetry DaemonSet to a new image: a second ControllerRevision
+/// appears. A pod owned by a ReplicaSet is also on the node.
+fn roll_telemetry(h: &Harness) {
+    let rev2 = fixture_body("controllerrevisions_list_rev2");
+    for item in rev2["items"].as_array().unwrap() {
+        h.server.apply("controllerrevisions", item.clone());
+    }
+    h.server
+        .apply("daemonsets", fixture_body("daemonset_after_update"));
+    let mut rs_pod = h.server.get("pods", "vehicle", "gateway-v9hb2").unwrap();
+    rs_pod["metadata"]["name"] = json!("web-5d8f7-abcde");
+    rs_pod["metadata"]["uid"] = json!("11111111-2222-4333-8444-555555555555");
+    rs_pod["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-5d8f7", "uid": "rs-uid", "controller": true}]);
+    h.server.apply("pods", rs_pod);
+}
+
+fn condition(pod: &Value) -> Value {
+    pod["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "PodNeedUpgrade")
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+fn pod_named<'a>(list: &'a Value, name: &str) -> &'a Value {
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["metadata"]["name"] == name)
+        .unwrap()
+}
+
+#[tokio::test]
+async fn offline_the_cache_answers_pod_need_upgrade_and_every_post_code() {
+    let mut h = Harness::new().await;
+    roll_telemetry(&h);
+    h.start();
+    h.wait_converged().await;
+    let api = start_api(&h, None).await;
+
+    // The link goes down; everything below is answered from the cache.
+    h.server.set_offline(true).await.unwrap();
+    let mut link = h.sync().link.clone();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        link.wait_for(|s| matches!(s, edgehub::sync::LinkState::Offline { .. })),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+
+    let a = call(api.addr, "GET", "/pods").await;
+    assert_eq!(a.status, 200);
+    let list: Value = serde_json::from_str(&a.body).unwrap();
+    assert_eq!(
+        (list["kind"].as_str(), list["apiVersion"].as_str()),
+        (Some("PodList"), Some("v1"))
+    );
+    assert_eq!(list["items"].as_array().unwrap().len(), 3);
+    let tele = condition(pod_named(&list, "telemetry-sv74m"));
+    assert_eq!(tele["status"], "True");
+    assert_eq!(tele["message"], "controllerrevision: 55778fbb9f");
+    let gw = condition(pod_named(&list, "gateway-v9hb2"));
+    assert_eq!(
+        (gw["status"].as_str(), gw["reason"].as_str()),
+        (Some("False"), Some("RunningLatestRevision"))
+    );
+    let web = condition(pod_named(&list, "web-5d8f7-abcde"));
+    assert_eq!(
+        (web["status"].as_str(), web["reason"].as_str()),
+        (Some("False"), Some("NotDaemonSetPod"))
+    );
+
+    let base = "/openyurt.io/v1/namespaces/vehicle/pods";
+    let cases: &[(&str, &str, u16, &str)] = &[
+        (
+            "POST",
+            "telemetry-sv74m/upgrade",
+            200,
+            "Start updating pod vehicle/telemetry-sv74m",
+        ),
+        (
+            "POST",
+            "telemetry-sv74m/upgrade",
+            409,
+            "Upgrade of pod vehicle/telemetry-sv74m is already in progress",
+        ),
+        (
+            "POST",
+            "gateway-v9hb2/upgrade",
+            403,
+            "Pod is not-updatable: RunningLatestRevision",
+        ),
+        (
+            "POST",
+            "does-not-exist/upgrade",
+            404,
+            "Pod vehicle/does-not-exist not found",
+        ),
+        (
+            "POST",
+            "web-5d8f7-abcde/upgrade",
+            400,
+            "Not support ota upgrade pod type ReplicaSet",
+        ),
+        ("POST", "Bad_Name/upgrade", 400, "Invalid pod name"),
+        (
+            "POST",
+            "telemetry-sv74m/imagepull",
+            200,
+            "Image pre-pull requested for pod vehicle/telemetry-sv74m",
+        ),
+        (
+            "POST",
+            "telemetry-sv74m/imagepull",
+            409,
+            "Image pre-pull of pod vehicle/telemetry-sv74m is already in progress",
+        ),
+        (
+            "GET",
+            "gateway-v9hb2/upgrade",
+            404,
+            "No upgrade requested for pod vehicle/gateway-v9hb2",
+        ),
+    ];
+    for (method, rest, code, body) in cases {
+        let a = call(api.addr, method, &format!("{base}/{rest}")).await;
+        assert_eq!(a.status, *code, "{method} {rest}: {}", a.body);
+        assert!(a.body.starts_with(body), "{method} {rest}: {}", a.body);
+    }
+    let a = call(api.addr, "GET", &format!("{base}/telemetry-sv74m/upgrade")).await;
+    assert_eq!(a.status, 200);
+    let st: Value = serde_json::from_str(&a.body).unwrap();
+    assert_eq!(
+        (st["state"].as_str(), st["from"].as_str(), st["to"].as_str()),
+        (Some("Requested"), Some("768bcc7446"), Some("55778fbb9f"))
+    );
+
+    let a = call(api.addr, "GET", "/v1/status").await;
+    let st: Value = serde_json::from_str(&a.body).unwrap();
+    assert_eq!(st["link"]["state"], "Offline");
+    assert_eq!(st["cache"]["pods"], 3);
+    assert_eq!(st["activeRequests"].as_array().unwrap().len(), 2);
+    let text = edgehub::client::status_text(&a.body).unwrap();
+    assert!(
+        text.contains("upgrade vehicle/telemetry-sv74m 768bcc7446 -> 55778fbb9f [Requested]"),
+        "{text}"
+    );
+
+    let m = call(api.addr, "GET", "/metrics").await.body;
+    assert!(
+        m.contains("edgehub_api_requests_total{route=\"upgrade\",code=\"409\"} 1"),
+        "{m}"
+    );
+    assert!(m.contains("edgehub_link_online 0"), "{m}");
+    assert!(m.contains("edgehub_cache_objects{kind=\"Pod\"} 3"), "{m}");
+    assert_eq!(call(api.addr, "GET", "/v1/readyz").await.status, 200);
+    assert_eq!(call(api.addr, "GET", "/v1/healthz").await.body, "ok");
+    h.stop().await;
+}
+
+/// OpenYurt's documented calls, replayed with curl as the OTA walkthrough does.
+#[tokio::test]
+async fn openyurt_documented_curl_calls_get_openyurt_answers() {
+    let mut h = Harness::new().await;
+    roll_telemetry(&h);
+    h.start();
+    h.wait_converged().await;
+    let api = start_api(&h, None).await;
+    let curl = |args: Vec<String>| async move {
+        let out = tokio::process::Command::new("curl")
+            .args(&args)
+            .output()
+            .await
+            .expect("curl is installed (scripts/test.sh installs it)");
+        assert!(
+            out.status.success(),
+            "curl failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let split = |resp: &str| -> (String, String) {
+        let (head, body) = resp.split_once("\r\n\r\n").unwrap();
+        (head.to_ascii_lowercase(), body.to_string())
+    };
+
+    // curl http://127.0.0.1:10267/pods
+    let (head, body) = split(
+        &curl(vec![
+            "-sS".into(),
+            "-i".into(),
+            format!("http://{}/pods", api.addr),
+        ])
+        .await,
+    );
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(head.contains("content-type: application/json"), "{head}");
+    let list: Value = serde_json::from_str(&body).unwrap();
+    let tele = pod_named(&list, "telemetry-sv74m");
+    assert_eq!(
+        condition(tele)["status"],
+        "True",
+        "PodNeedUpgrade=true marks the pod to upgrade"
+    );
+    // Apart from the computed condition, each pod is exactly what the apiserver sent.
+    for item in list["items"].as_array().unwrap() {
+        let name = item["metadata"]["name"].as_str().unwrap();
+        let stored = h
+            .store()
+            .get(Kind::Pod, "vehicle", name)
+            .unwrap()
+            .unwrap()
+            .raw;
+        let served = serde_json::to_string(item).unwrap();
+        let prefix_len = stored.find("\"status\":").unwrap();
+        assert_eq!(
+            &served[..prefix_len],
+            &stored[..prefix_len],
+            "{name}: bytes before status differ"
+        );
+        let mut item = item.clone();
+        item["status"]["conditions"]
+            .as_array_mut()
+            .unwrap()
+            .retain(|c| c["type"] != "PodNeedUpgrade");
+        let mut orig: Value = serde_json::from_str(&stored).unwrap();
+        if orig["status"]["conditions"].is_null() {
+            orig["status"]["conditions"] = json!([]);
+        }
+        assert_eq!(item, orig, "{name}");
+    }
+
+    // curl -X POST http://127.0.0.1:10267/openyurt.io/v1/namespaces/default/pods/<pod>/upgrade
+    let url = format!(
+        "http://{}/openyurt.io/v1/namespaces/vehicle/pods/telemetry-sv74m/upgrade",
+        api.addr
+    );
+    let (head, body) = split(
+        &curl(vec![
+            "-sS".into(),
+            "-i".into(),
+            "-X".into(),
+            "POST".into(),
+            url,
+        ])
+        .await,
+    );
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(head.contains("content-type: application/json"), "{head}");
+    assert_eq!(body, "Start updating pod vehicle/telemetry-sv74m");
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn bearer_token_guards_everything_but_health() {
+    let mut h = Harness::new().await;
+    h.start();
+    h.wait_converged().await;
+    let api = start_api(&h, Some("s3cret")).await;
+    assert_eq!(call(api.addr, "GET", "/pods").await.status, 401);
+    assert_eq!(call(api.addr, "GET", "/metrics").await.status, 401);
+    assert_eq!(call(api.addr, "GET", "/v1/healthz").await.status, 200);
+    assert_eq!(call(api.addr, "GET", "/v1/readyz").await.status, 200);
+    let c = LocalClient {
+        addr: api.addr,
+        token: Some("s3cret".into()),
+        timeout: Duration::from_secs(5),
+    };
+    let a = tokio::task::spawn_blocking(move || c.get("/pods"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(a.status, 200);
+    let c = LocalClient {
+        addr: api.addr,
+        token: Some("s3cre".into()),
+        timeout: Duration::from_secs(5),
+    };
+    let a = tokio::task::spawn_blocking(move || c.get("/pods"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(a.status, 401);
+    h.stop().await;
+}
+
+async fn raw_exchange(addr: SocketAddr, bytes: &[u8]) -> String {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(bytes).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(8), s.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test]
+async fn hostile_requests_get_short_errors() {
+    let mut h = Harness::new().await;
+    h.start();
+    h.wait_converged().await;
+    let api = start_api(&h, None).await;
+
+    let r = raw_exchange(
+        api.addr,
+        b"DELETE /pods HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(r.starts_with("HTTP/1.1 405"), "{r}");
+    assert!(r.to_ascii_lowercase().contains("allow: get"), "{r}");
+
+    let big_header = format!(
+        "GET /pods HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(40_000)
+    );
+    let r = raw_exchange(api.addr, big_header.as_bytes()).await;
+    assert!(r.starts_with("HTTP/1.1 431"), "{}", &r[..r.len().min(200)]);
+
+    let body = "x".repeat(100_000);
+    let req = format!(
+        "POST /openyurt.io/v1/namespaces/vehicle/pods/telemetry-sv74m/upgrade HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let r = raw_exchange(api.addr, req.as_bytes()).await;
+    assert!(r.starts_with("HTTP/1.1 413"), "{r}");
+
+    let long = format!(
+        "GET /{} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        "p".repeat(3000)
+    );
+    let r = raw_exchange(api.addr, long.as_bytes()).await;
+    assert!(r.starts_with("HTTP/1.1 414"), "{r}");
+
+    let r = raw_exchange(api.addr, b"this is not http\r\n\r\n").await;
+    assert!(r.is_empty() || r.starts_with("HTTP/1.1 400"), "{r}");
+
+    // A client that never finishes its request head is cut off by the header timeout.
+    let start = std::time::Instant::now();
+    let r = raw_exchange(api.addr, b"GET /pods HTTP/1.1\r\nHost: x\r\n").await;
+    assert!(
+        start.elapsed() < Duration::from_secs(8),
+        "connection closed by the server"
+    );
+    assert!(!r.contains("200 OK"), "{r}");
+
+    // The API still serves afterwards.
+    assert_eq!(call(api.addr, "GET", "/pods").await.status, 200);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn unix_socket_with_mode() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut h = Harness::new().await;
+    h.start();
+    h.wait_converged().await;
+    let sock = h.dir.path().join("run/api.sock");
+    let mut cfg = h.config.clone();
+    cfg.api_addr = "127.0.0.1:0".parse().unwrap();
+    cfg.api.socket = Some(sock.clone());
+    cfg.api.socket_mode = 0o600;
+    cfg.api.socket_group = Some("root".into());
+    let ls = listen::bind(&cfg).await.unwrap();
+    assert_eq!(ls.len(), 2);
+    assert_eq!(
+        std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let state = Arc::new(ApiState {
+        store: h.store.clone().unwrap(),
+        link: h.sync().link.clone(),
+        sync_stats: vec![],
+        metrics: Default::default(),
+        token: None,
+        node_name: "edge-1".into(),
+    });
+    let (_tx, rx) = tokio::sync::watch::channel(false);
+    for l in ls {
+        tokio::spawn(api::serve(l, state.clone(), rx.clone()));
+    }
+    let mut s = tokio::net::UnixStream::connect(&sock).await.unwrap();
+    s.write_all(b"GET /v1/healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    assert!(
+        out.starts_with("HTTP/1.1 200") && out.ends_with("ok"),
+        "{out}"
+    );
+    // A second bind replaces the stale socket; a regular file at the path is refused.
+    drop(listen::bind(&cfg).await.unwrap());
+    let file = h.dir.path().join("notasocket");
+    std::fs::write(&file, "x").unwrap();
+    cfg.api.socket = Some(file);
+    assert!(listen::bind(&cfg).await.is_err());
+    h.stop().await;
+}
+
+#[test]
+fn the_openapi_document_matches_the_router() {
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/openapi.yaml")).unwrap();
+    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).unwrap();
+    let paths = doc["paths"].as_mapping().unwrap();
+    let mut documented = std::collections::BTreeSet::new();
+    for (path, ops) in paths {
+        for (method, op) in ops.as_mapping().unwrap() {
+            let method = method.as_str().unwrap();
+            if method == "parameters" {
+                continue;
+            }
+            let codes: std::collections::BTreeSet<u16> = op["responses"]
+                .as_mapping()
+                .unwrap()
+                .keys()
+                .map(|k| k.as_str().unwrap().parse().unwrap())
+                .collect();
+            documented.insert((
+                path.as_str().unwrap().to_string(),
+                method.to_uppercase(),
+                codes,
+            ));
+        }
+    }
+    let routed: std::collections::BTreeSet<_> = api::router::ROUTES
+        .iter()
+        .map(|(p, m, c)| (p.to_string(), m.to_string(), c.iter().copied().collect()))
+        .collect();
+    assert_eq!(documented, routed);
+}
+
+#[tokio::test]
+async fn a_large_cache_is_listed_completely() {
+    let mut h = Harness::new().await;
+    let tmpl = h.server.get("pods", "vehicle", "telemetry-sv74m").unwrap();
+    for i in 0..200 {
+        let mut p = tmpl.clone();
+        p["metadata"]["name"] = json!(format!("bulk-{i:03}"));
+        p["metadata"]["uid"] = json!(format!("00000000-0000-4000-8000-{i:012}"));
+        h.server.apply("pods", p);
+    }
+    h.start();
+    wait_until(15, "200 pods cached", || {
+        h.store.is_some() && h.count(Kind::Pod) == 202
+    })
+    .await;
+    let api = start_api(&h, None).await;
+    let list: Value = serde_json::from_str(&call(api.addr, "GET", "/pods").await.body).unwrap();
+    assert_eq!(list["items"].as_array().unwrap().len(), 202);
+    h.stop().await;
+}
