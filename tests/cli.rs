@@ -281,3 +281,107 @@ async fn sigterm_stops_cleanly_and_checkpoints_the_cursor() {
         .unwrap()
         .is_some());
 }
+
+/// A free loopback port (tiny race with other processes, acceptable in tests).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test]
+async fn pods_status_and_upgrade_commands_talk_to_the_running_agent() {
+    let env = Env::new().await;
+    for item in edgehub_testsupport::fixture_body("controllerrevisions_list_rev2")["items"]
+        .as_array()
+        .unwrap()
+    {
+        env.server.apply("controllerrevisions", item.clone());
+    }
+    let port = free_port();
+    let text = std::fs::read_to_string(&env.config)
+        .unwrap()
+        .replace("127.0.0.1:0", &format!("127.0.0.1:{port}"));
+    std::fs::write(&env.config, text).unwrap();
+    let mut child = env.spawn_run(&[]);
+    wait_until(20, "edgehub run caches the node's pods", || {
+        env.pods_in_db() == 2
+    })
+    .await;
+    wait_until(20, "the new revision is cached and the API answers", || {
+        let (ok, out) = output(env.cmd(&["pods"]));
+        ok && out.contains("55778fbb9f")
+    })
+    .await;
+
+    let (ok, out) = output(env.cmd(&["pods"]));
+    assert!(ok, "{out}");
+    let tele = out
+        .lines()
+        .find(|l| l.contains("vehicle/telemetry-sv74m"))
+        .unwrap();
+    assert!(
+        tele.contains("768bcc7446")
+            && tele.contains("55778fbb9f")
+            && tele.contains("True (NewRevisionAvailable)"),
+        "{out}"
+    );
+
+    // --wait follows the request's state. Nothing moves it past Requested until the upgrade
+    // engine exists, so it gives up at its timeout, saying where it stands.
+    let (ok, out) = output(env.cmd(&[
+        "upgrade",
+        "vehicle/telemetry-sv74m",
+        "--wait",
+        "--timeout",
+        "1",
+    ]));
+    assert!(!ok, "{out}");
+    assert!(
+        out.starts_with(
+            "Start updating pod vehicle/telemetry-sv74m\nvehicle/telemetry-sv74m: Requested\n"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("gave up after 1s; the upgrade of vehicle/telemetry-sv74m is still Requested"),
+        "{out}"
+    );
+    let (ok, out) = output(env.cmd(&["upgrade", "vehicle/telemetry-sv74m"]));
+    assert!(
+        !ok && out.contains("409") && out.contains("already in progress"),
+        "{out}"
+    );
+    let (ok, out) = output(env.cmd(&["upgrade", "vehicle/gateway-v9hb2"]));
+    assert!(!ok && out.contains("403"), "{out}");
+    let (ok, out) = output(env.cmd(&["upgrade", "not-a-pod-ref"]));
+    assert!(!ok && out.contains("is not NAMESPACE/NAME"), "{out}");
+
+    let (ok, out) = output(env.cmd(&["status"]));
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("link:   Online") && out.contains("2 pods"),
+        "{out}"
+    );
+    assert!(
+        out.contains("upgrade vehicle/telemetry-sv74m 768bcc7446 -> 55778fbb9f [Requested]"),
+        "{out}"
+    );
+
+    // --wait follows the request; with no engine to move it, it gives up at its timeout.
+    let (ok, out) = output(env.cmd(&[
+        "upgrade",
+        "vehicle/telemetry-sv74m",
+        "--wait",
+        "--timeout",
+        "1",
+    ]));
+    assert!(!ok && out.contains("409"), "{out}");
+    kill9(&mut child);
+
+    // With edgehub stopped, the commands say so clearly.
+    let (ok, out) = output(env.cmd(&["pods"]));
+    assert!(!ok && out.contains("is `edgehub run` running?"), "{out}");
+}
