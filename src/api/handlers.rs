@@ -1,7 +1,7 @@
 //! The handlers of the local API. Each takes the shared state and validated route parameters
 //! and returns a [`Reply`]; none of them sees raw request bytes.
 
-use super::podlist::{pod_list, with_condition};
+use super::podlist::{write_with_condition, POD_LIST_END, POD_LIST_START};
 use super::{ApiState, Reply};
 use crate::cache::Decider;
 use crate::object::Kind;
@@ -17,23 +17,26 @@ pub fn pods(state: &ApiState) -> Reply {
         Err(e) => return Reply::internal("Get pod list failed", &e),
     };
     let mut decider = Decider::new(&state.store);
-    let mut items = Vec::with_capacity(pods.len());
-    for pod in &pods {
+    let size: usize = pods.iter().map(|p| p.raw.len() + 160).sum();
+    let mut out = String::with_capacity(POD_LIST_START.len() + size + POD_LIST_END.len());
+    out.push_str(POD_LIST_START);
+    for (i, pod) in pods.iter().enumerate() {
         let need = match decider.decide(&pod.index) {
             Ok(n) => n,
             Err(e) => return Reply::internal("Get pod list failed", &e),
         };
-        match with_condition(&pod.raw, &need.condition()) {
-            Ok(item) => items.push(item),
-            Err(e) => {
-                // Serve what the apiserver sent rather than drop the pod from the list.
-                tracing::warn!(pod = %pod.index.name, namespace = %pod.index.namespace, error = %e,
-                    "cached pod is not a JSON object; serving it without PodNeedUpgrade");
-                items.push(pod.raw.clone());
-            }
+        if i > 0 {
+            out.push(',');
+        }
+        if let Err(e) = write_with_condition(&mut out, &pod.raw, &need.condition()) {
+            // Serve what the apiserver sent rather than drop the pod from the list.
+            tracing::warn!(pod = %pod.index.name, namespace = %pod.index.namespace, error = %e,
+                "cached pod is not a JSON object; serving it without PodNeedUpgrade");
+            out.push_str(&pod.raw);
         }
     }
-    Reply::json(200, pod_list("", items.iter().map(String::as_str)))
+    out.push_str(POD_LIST_END);
+    Reply::json(200, out)
 }
 
 /// `POST .../upgrade` and `POST .../imagepull`: validate against the cache, then record the

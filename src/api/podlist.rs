@@ -40,85 +40,100 @@ struct TypeOnly<'a> {
     kind: Option<&'a str>,
 }
 
-fn write_fields(out: &mut String, fields: &[(String, String)]) {
-    out.push('{');
-    for (i, (k, v)) in fields.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        // Serializing a String cannot fail.
-        out.push_str(&serde_json::to_string(k).unwrap_or_default());
-        out.push(':');
-        out.push_str(v);
-    }
-    out.push('}');
+fn push_key(out: &mut String, k: &str) {
+    // Serializing a str cannot fail.
+    out.push_str(&serde_json::to_string(k).unwrap_or_default());
+    out.push(':');
 }
 
 /// Replaces (or adds) the condition of `condition`'s type in `status.conditions` of `raw`.
 pub fn with_condition(raw: &str, condition: &Condition) -> Result<String, serde_json::Error> {
+    let mut out = String::with_capacity(raw.len() + 160);
+    write_with_condition(&mut out, raw, condition)?;
+    Ok(out)
+}
+
+/// [`with_condition`] appending to `out`; on error `out` is left as it was.
+pub fn write_with_condition(
+    out: &mut String,
+    raw: &str,
+    condition: &Condition,
+) -> Result<(), serde_json::Error> {
+    let mark = out.len();
+    let r = splice(out, raw, condition);
+    if r.is_err() {
+        out.truncate(mark);
+    }
+    r
+}
+
+fn splice(out: &mut String, raw: &str, condition: &Condition) -> Result<(), serde_json::Error> {
     let ctype = condition.kind;
     let cond = serde_json::to_string(condition)?;
     let pod: Fields = serde_json::from_str(raw)?;
-    let mut top: Vec<(String, String)> = Vec::with_capacity(pod.0.len() + 1);
+    out.push('{');
     let mut saw_status = false;
-    for (k, v) in pod.0 {
+    for (i, (k, v)) in pod.0.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        push_key(out, k);
         if k != "status" {
-            top.push((k, v.get().to_string()));
+            out.push_str(v.get());
             continue;
         }
         saw_status = true;
         let status: Fields = serde_json::from_str(v.get())?;
-        let mut st: Vec<(String, String)> = Vec::with_capacity(status.0.len() + 1);
+        out.push('{');
         let mut saw_conditions = false;
-        for (sk, sv) in status.0 {
+        for (j, (sk, sv)) in status.0.iter().enumerate() {
+            if j > 0 {
+                out.push(',');
+            }
+            push_key(out, sk);
             if sk != "conditions" {
-                st.push((sk, sv.get().to_string()));
+                out.push_str(sv.get());
                 continue;
             }
             saw_conditions = true;
             let list: Option<Vec<&RawValue>> = serde_json::from_str(sv.get())?;
-            let mut items: Vec<&str> = Vec::new();
+            out.push('[');
             for c in list.unwrap_or_default() {
                 let t: TypeOnly = serde_json::from_str(c.get())?;
                 if t.kind != Some(ctype) {
-                    items.push(c.get());
+                    out.push_str(c.get());
+                    out.push(',');
                 }
             }
-            items.push(&cond);
-            st.push((sk, format!("[{}]", items.join(","))));
+            out.push_str(&cond);
+            out.push(']');
         }
         if !saw_conditions {
-            st.push(("conditions".into(), format!("[{cond}]")));
+            if !status.0.is_empty() {
+                out.push(',');
+            }
+            out.push_str("\"conditions\":[");
+            out.push_str(&cond);
+            out.push(']');
         }
-        let mut s = String::new();
-        write_fields(&mut s, &st);
-        top.push((k, s));
+        out.push('}');
     }
     if !saw_status {
-        top.push(("status".into(), format!("{{\"conditions\":[{cond}]}}")));
-    }
-    let mut out = String::with_capacity(raw.len() + cond.len() + 16);
-    write_fields(&mut out, &top);
-    Ok(out)
-}
-
-/// A v1 PodList around already-serialized items.
-pub fn pod_list<'a>(resource_version: &str, items: impl Iterator<Item = &'a str>) -> String {
-    let mut out = String::from("{\"kind\":\"PodList\",\"apiVersion\":\"v1\",\"metadata\":{");
-    if !resource_version.is_empty() {
-        out.push_str("\"resourceVersion\":");
-        out.push_str(&serde_json::to_string(resource_version).unwrap_or_default());
-    }
-    out.push_str("},\"items\":[");
-    for (i, item) in items.enumerate() {
-        if i > 0 {
+        if !pod.0.is_empty() {
             out.push(',');
         }
-        out.push_str(item);
+        out.push_str("\"status\":{\"conditions\":[");
+        out.push_str(&cond);
+        out.push_str("]}");
     }
-    out.push_str("]}");
-    out
+    out.push('}');
+    Ok(())
 }
+
+/// The start of a v1 PodList; items follow, comma-separated, then [`POD_LIST_END`].
+pub const POD_LIST_START: &str =
+    "{\"kind\":\"PodList\",\"apiVersion\":\"v1\",\"metadata\":{},\"items\":[";
+pub const POD_LIST_END: &str = "]}";
 
 #[cfg(test)]
 mod tests {
@@ -208,15 +223,20 @@ mod tests {
 
     #[test]
     fn list_shape() {
-        let l = pod_list("42", ["{\"a\":1}", "{\"b\":2}"].into_iter());
-        assert_eq!(
-            l,
-            r#"{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"42"},"items":[{"a":1},{"b":2}]}"#
-        );
-        let l = pod_list("", std::iter::empty());
-        assert_eq!(
-            l,
-            r#"{"kind":"PodList","apiVersion":"v1","metadata":{},"items":[]}"#
-        );
+        let l = format!("{POD_LIST_START}{{\"a\":1}},{{\"b\":2}}{POD_LIST_END}");
+        let v: serde_json::Value = serde_json::from_str(&l).unwrap();
+        assert_eq!(v["kind"], "PodList");
+        assert_eq!(v["apiVersion"], "v1");
+        assert_eq!(v["items"].as_array().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn a_failed_splice_leaves_the_buffer_as_it_was() {
+        let mut out = String::from("prefix");
+        let bad = r#"{"a":1,"status":{"conditions":[5]}}"#;
+        assert!(write_with_condition(&mut out, bad, &cond("True")).is_err());
+        assert_eq!(out, "prefix");
+        write_with_condition(&mut out, "{}", &cond("True")).unwrap();
+        assert!(out.starts_with("prefix{\"status\":"));
     }
 }
