@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# The main job end to end on an embedded default: the project's test apiserver (seeded with
-# the recorded cluster: node edge-1, two DaemonSet pods, their DaemonSets and revisions), then
-# edgehub syncing it into SQLite, a change in the cloud, and a restart that resumes the watch.
+# The main job end to end on an embedded default:
+#   1. the project's test apiserver (TLS, seeded with the recorded cluster: node edge-1, two
+#      DaemonSet pods, their DaemonSets and revisions) and edgehub syncing it into SQLite;
+#   2. the operator rolls the OTA DaemonSet `telemetry` to a new image;
+#   3. the link to the cloud goes down; the OTA manager asks edgehub, over OpenYurt's local
+#      API, which pods need an upgrade, and triggers one, all offline;
+#   4. edgehub restarts with the link still down and resumes from its cache.
 # Run as root on Debian 12. Everything lives under ./.demo and is stopped on exit.
-#
-# Container runtime steps (containerd, registry, images) join this script with the pod
-# runtime; today it stops at the cache.
+# The container runtime steps (containerd, registry, images) join this script with the pod
+# runtime; today the upgrade stops at "Requested".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 log() { printf '\n==> %s\n' "$*"; }
@@ -29,40 +32,52 @@ rm -rf "$work" && mkdir -p "$work"
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
-
-log "starting the test apiserver on 127.0.0.1:16443"
-target/release/fake-apiserver --listen 127.0.0.1:16443 --kubeconfig-dir "$work/kube" >"$work/apiserver.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 100); do [ -f "$work/kube/kubeconfig" ] && break; sleep 0.1; done
-cat "$work/apiserver.log"
-
+api=127.0.0.1:10267
+eh() { target/release/edgehub --node-name edge-1 --data-dir "$PWD/$work/data" \
+        --kubeconfig "$PWD/$work/kube/kubeconfig" --api-addr "$api" "$@"; }
 run_edgehub() {
-    target/release/edgehub --node-name edge-1 --data-dir "$PWD/$work/data" \
-        --kubeconfig "$PWD/$work/kube/kubeconfig" run >>"$work/edgehub.log" 2>&1 &
+    eh run >>"$work/edgehub.log" 2>&1 &
     pids+=($!)
     edgehub_pid=$!
-}
-show_cache() {
-    sqlite3 -column -header "$work/data/edgehub.db" \
-        "SELECT kind, namespace, name, resource_version AS rv, revision_hash AS hash, revision FROM objects ORDER BY kind, name;"
+    for _ in $(seq 100); do curl -sf "http://$api/v1/healthz" >/dev/null 2>&1 && return; sleep 0.1; done
+    echo "edgehub did not come up; see $work/edgehub.log" >&2; exit 1
 }
 
-log "edgehub run: list + watch into $work/data/edgehub.db"
+log "starting the test apiserver on 127.0.0.1:16443 (it rolls telemetry after 4 s)"
+target/release/fake-apiserver --listen 127.0.0.1:16443 --kubeconfig-dir "$work/kube" \
+    --roll-telemetry-after 4 >"$work/apiserver.log" 2>&1 &
+apiserver_pid=$!
+pids+=($apiserver_pid)
+for _ in $(seq 100); do [ -f "$work/kube/kubeconfig" ] && break; sleep 0.1; done
+head -n 1 "$work/apiserver.log"
+
+log "edgehub run: list + watch into $work/data/edgehub.db; local API on $api"
 run_edgehub
-for _ in $(seq 100); do grep -q 'resource=pods.*listed' "$work/edgehub.log" 2>/dev/null && break; sleep 0.1; done
-sleep 0.5
-show_cache
-
-log "the operator deletes pod vehicle/gateway-v9hb2 in the cloud"
-curl -sS --cacert "$work/kube/ca.crt" -H 'Authorization: Bearer admin-token' -X DELETE \
-    -H 'Content-Type: application/json' -d '{"gracePeriodSeconds":0}' \
-    https://127.0.0.1:16443/api/v1/namespaces/vehicle/pods/gateway-v9hb2 -o /dev/null -w 'HTTP %{http_code}\n'
 sleep 1
-show_cache
+sqlite3 -column -header "$work/data/edgehub.db" \
+    "SELECT kind, namespace, name, resource_version AS rv, revision_hash AS hash, revision FROM objects ORDER BY kind, name;"
 
-log "SIGTERM edgehub, start it again: it resumes the watch from the stored resourceVersion"
+log "waiting for the operator to roll the telemetry DaemonSet"
+for _ in $(seq 100); do grep -q rolled "$work/apiserver.log" && break; sleep 0.1; done
+tail -n 1 "$work/apiserver.log"
+sleep 1
+eh pods
+
+log "the link to the cloud goes down (the apiserver stops)"
+kill "$apiserver_pid"; wait "$apiserver_pid" 2>/dev/null || true
+sleep 1
+
+log "OTA manager: curl http://$api/pods (PodNeedUpgrade of telemetry-sv74m)"
+curl -s "http://$api/pods" | grep -o '{"type":"PodNeedUpgrade"[^}]*}'
+
+log "OTA manager: curl -X POST http://$api/openyurt.io/v1/namespaces/vehicle/pods/telemetry-sv74m/upgrade"
+curl -s -w '  (HTTP %{http_code})\n' -X POST "http://$api/openyurt.io/v1/namespaces/vehicle/pods/telemetry-sv74m/upgrade"
+curl -s -w '  (HTTP %{http_code})\n' -X POST "http://$api/openyurt.io/v1/namespaces/vehicle/pods/gateway-v9hb2/upgrade"
+eh status
+
+log "edgehub restarts with the link still down: it serves from its cache at once"
 kill -TERM "$edgehub_pid"; wait "$edgehub_pid" || true
 run_edgehub
-sleep 1
-grep -E 'resuming watch|listed' "$work/edgehub.log" | sed 's/^.*Z //' | tail -n 8
+eh pods
+eh status
 log "done; logs and database are in $work/"

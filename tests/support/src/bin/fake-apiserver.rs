@@ -3,7 +3,11 @@
 //! its pods, DaemonSets and ControllerRevisions), writes a kubeconfig for edgehub, and runs
 //! until interrupted.
 //!
-//! Usage: fake-apiserver [--listen 127.0.0.1:6443] [--kubeconfig-dir DIR]
+//! With `--roll-telemetry-after SECS` it plays the fleet operator: after that many seconds it
+//! rolls the `telemetry` DaemonSet to a new image (a second ControllerRevision appears), as the
+//! recording did.
+//!
+//! Usage: fake-apiserver [--listen 127.0.0.1:6443] [--kubeconfig-dir DIR] [--roll-telemetry-after SECS]
 
 use edgehub_testsupport::{FakeApiServer, NODE_TOKEN};
 use std::path::PathBuf;
@@ -12,6 +16,7 @@ use std::path::PathBuf;
 async fn main() -> anyhow::Result<()> {
     let mut listen = "127.0.0.1:6443".to_string();
     let mut dir = PathBuf::from("fake-apiserver");
+    let mut roll_after: Option<u64> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -19,7 +24,14 @@ async fn main() -> anyhow::Result<()> {
             "--kubeconfig-dir" => {
                 dir = args.next().ok_or_else(|| anyhow::anyhow!("--kubeconfig-dir needs a value"))?.into()
             }
-            other => anyhow::bail!("unknown argument {other:?}; usage: fake-apiserver [--listen ADDR] [--kubeconfig-dir DIR]"),
+            "--roll-telemetry-after" => {
+                roll_after = Some(
+                    args.next()
+                        .ok_or_else(|| anyhow::anyhow!("--roll-telemetry-after needs seconds"))?
+                        .parse()?,
+                )
+            }
+            other => anyhow::bail!("unknown argument {other:?}; usage: fake-apiserver [--listen ADDR] [--kubeconfig-dir DIR] [--roll-telemetry-after SECS]"),
         }
     }
     let server = FakeApiServer::start_on(listen.parse()?).await?;
@@ -30,6 +42,21 @@ async fn main() -> anyhow::Result<()> {
         server.url(),
         kc.display()
     );
+    if let Some(secs) = roll_after {
+        tokio::time::sleep(std::time::Duration::from_secs(secs)).await;
+        for item in edgehub_testsupport::fixture_body("controllerrevisions_list_rev2")["items"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+        {
+            server.apply("controllerrevisions", item);
+        }
+        server.apply(
+            "daemonsets",
+            edgehub_testsupport::fixture_body("daemonset_after_update"),
+        );
+        println!("operator rolled DaemonSet vehicle/telemetry to 127.0.0.1:5000/busybox:2.0");
+    }
     tokio::signal::ctrl_c().await?;
     Ok(())
 }
