@@ -20,6 +20,7 @@ pub mod client;
 pub mod config;
 pub mod kube;
 pub mod names;
+pub mod notify;
 pub mod object;
 pub mod revision;
 pub mod store;

@@ -176,9 +176,11 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
         )));
     }
     tracing::info!(addr = %config.api_addr, socket = ?config.api.socket, "local API serving");
+    edgehub::notify::notify("READY=1");
 
     wait_for_signal().await?;
     tracing::info!("shutting down");
+    edgehub::notify::notify("STOPPING=1");
     // Ignore the error: it only means every task already stopped.
     let _ = shutdown_tx.send(true);
     for s in servers {

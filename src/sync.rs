@@ -345,7 +345,12 @@ impl Reflector {
                 break;
             }
             let result = match cursor.seen.clone() {
-                None => self.relist(&mut cursor).await.map(|()| None),
+                // A list can take up to the request timeout; shutdown must not wait for it.
+                // Dropping it is safe: its only write is one synchronous transaction.
+                None => tokio::select! {
+                    r = self.relist(&mut cursor) => r.map(|()| None),
+                    _ = shutdown.changed() => break,
+                },
                 Some(rv) => self.watch(&rv, &mut cursor, &mut shutdown).await.map(Some),
             };
             match result {

@@ -385,3 +385,35 @@ async fn pods_status_and_upgrade_commands_talk_to_the_running_agent() {
     let (ok, out) = output(env.cmd(&["pods"]));
     assert!(!ok && out.contains("is `edgehub run` running?"), "{out}");
 }
+
+// Multi-threaded: the test blocks on the notify socket while the fake apiserver keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tells_systemd_when_the_api_is_up_and_when_it_stops() {
+    let env = Env::new().await;
+    let sock_path = env.dir.path().join("notify.sock");
+    let rx = std::os::unix::net::UnixDatagram::bind(&sock_path).unwrap();
+    rx.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .unwrap();
+    let port = free_port();
+    let mut child = env
+        .cmd(&["--api-addr", &format!("127.0.0.1:{port}"), "run"])
+        .env("NOTIFY_SOCKET", &sock_path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut buf = [0u8; 64];
+    let n = rx.recv(&mut buf).unwrap();
+    assert_eq!(&buf[..n], b"READY=1");
+    // Ready means the API answers.
+    let healthz = std::net::TcpStream::connect(("127.0.0.1", port));
+    assert!(healthz.is_ok(), "API up when READY=1 is sent");
+    assert!(Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let n = rx.recv(&mut buf).unwrap();
+    assert_eq!(&buf[..n], b"STOPPING=1");
+    assert!(child.wait().unwrap().success());
+}

@@ -413,3 +413,20 @@ async fn narrowing_the_selection_forgets_what_it_no_longer_covers() {
     );
     h.stop().await;
 }
+
+#[tokio::test]
+async fn shutdown_does_not_wait_for_a_hanging_apiserver() {
+    let mut h = Harness::new().await;
+    h.server.stall(true);
+    h.start();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t = std::time::Instant::now();
+    h.stop().await;
+    // The request timeout is 3 s in the test config; stopping must not sit it out.
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "stop took {:?}",
+        t.elapsed()
+    );
+    h.server.stall(false);
+}
