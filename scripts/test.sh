@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite, exactly as CI runs it (.ci/run calls this). Run as root on Debian 12.
 # Every step is idempotent and quiet when its tool is already present.
+#   1. format and lints;
+#   2. unit and integration tests (native);
+#   3. static musl release builds for aarch64 and x86_64, with a size report;
+#   4. the aarch64 binary and tests under qemu.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
@@ -8,11 +12,17 @@ export CARGO_TERM_COLOR=never
 log() { printf '==> %s\n' "$*"; }
 
 # Debian packages the build and the tests need.
-apt_packages=(gcc libc6-dev curl)
+apt_packages=(gcc libc6-dev curl file systemd qemu-user-static python3 python3-pip)
 missing=()
 for p in "${apt_packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# A python3 and pip outside Debian's packages (pyenv, say) serve as well.
+if command -v python3 >/dev/null 2>&1 && python3 -m pip --version >/dev/null 2>&1; then
+    missing=("${missing[@]/python3-pip}")
+    missing=("${missing[@]/python3}")
+fi
+missing=($(printf '%s\n' "${missing[@]}" | grep -v '^$' || true))
 if ((${#missing[@]})); then
     log "installing ${missing[*]}"
     apt-get update -qq
@@ -30,13 +40,19 @@ if command -v rustup >/dev/null 2>&1; then
     done
 fi
 
+results=$(mktemp)
+trap 'rm -f "$results"' EXIT
+
 log "cargo fmt --check"
 cargo fmt --all --check
 log "cargo clippy"
 cargo clippy --workspace --all-targets --locked --quiet -- -D warnings
 log "cargo test"
-results=$(mktemp)
-trap 'rm -f "$results"' EXIT
-cargo test --workspace --locked 2>&1 | tee "$results"
-# One closing line for the whole run (cargo prints one per test binary, doc tests last).
+cargo test --workspace --locked 2>&1 | tee -a "$results"
+log "static musl builds"
+bash cross/build.sh
+log "aarch64 under qemu"
+bash cross/qemu-check.sh 2>&1 | tee -a "$results"
+
+# One closing line for the whole run (cargo and libtest print one per test binary).
 awk '/^test result:/ { p += $4; f += $6 } END { printf "tests: %d passed, %d failed\n", p, f }' "$results"

@@ -5,6 +5,7 @@ pub mod apiserver;
 pub mod certs;
 pub mod patch;
 mod rawclient;
+pub mod yocto;
 
 pub use apiserver::{FakeApiServer, ADMIN_TOKEN, NODE_TOKEN, NODE_USER};
 

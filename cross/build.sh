@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Static release binaries of edgehub for aarch64 and x86_64 musl, built with cargo-zigbuild
+# (zig supplies the C cross compiler for the bundled SQLite). Installs what is missing, each
+# step quiet when the tool is already there, then checks that `file` calls each binary static
+# and prints a size report against the budget.
+#
+#   bash cross/build.sh            # both targets
+#   TARGETS=aarch64-unknown-linux-musl bash cross/build.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+targets=${TARGETS:-"aarch64-unknown-linux-musl x86_64-unknown-linux-musl"}
+budget_aarch64=$((6 * 1000 * 1000))
+log() { printf '==> %s\n' "$*"; }
+
+for t in $targets; do
+    rustup target list --installed | grep -qx "$t" || { log "rustup target add $t"; rustup target add "$t" >/dev/null; }
+done
+if ! python3 -c 'import ziglang' 2>/dev/null; then
+    log "pip install ziglang"
+    # Debian's own python3 marks itself externally managed; a pyenv python does not.
+    python3 -m pip install -q ziglang 2>/dev/null || python3 -m pip install -q --break-system-packages ziglang
+fi
+command -v cargo-zigbuild >/dev/null 2>&1 || { log "cargo install cargo-zigbuild"; cargo install --locked --quiet cargo-zigbuild; }
+command -v file >/dev/null 2>&1 || { log "apt-get install file"; apt-get install -y -qq file >/dev/null; }
+
+for t in $targets; do
+    log "building $t (release: opt-level z, LTO, 1 codegen unit, panic=abort, stripped)"
+    cargo zigbuild --release --locked --quiet -p edgehub --bin edgehub --target "$t"
+done
+
+echo
+printf '%-28s %10s  %s\n' target bytes file
+status=0
+for t in $targets; do
+    bin=target/$t/release/edgehub
+    desc=$(file -b "$bin")
+    size=$(stat -c %s "$bin")
+    printf '%-28s %10d  %s\n' "$t" "$size" "${desc%%,*}, ${desc#*, }" | cut -c1-160
+    case "$desc" in
+        *"statically linked"* | *"static-pie linked"*) ;;
+        *) echo "error: $bin is not statically linked: $desc" >&2; status=1 ;;
+    esac
+    if [ "$t" = aarch64-unknown-linux-musl ]; then
+        awk -v s="$size" 'BEGIN { printf "aarch64 size: %.2f MB of the 6 MB budget (yurthub: about 19 MB compressed)\n", s / 1000000 }'
+        [ "$size" -le "$budget_aarch64" ] || { echo "error: aarch64 binary over the 6 MB budget" >&2; status=1; }
+    fi
+done
+exit $status
