@@ -27,6 +27,37 @@ pub struct Config {
     pub log: String,
     pub sync: SyncConfig,
     pub api: ApiConfig,
+    pub node: NodeConfig,
+}
+
+/// The Node object edgehub registers and keeps current, as a kubelet would.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeConfig {
+    /// Extra labels on self-registration (NodeRestriction-allowed ones only).
+    pub labels: std::collections::BTreeMap<String, String>,
+    pub taints: Vec<Taint>,
+    pub max_pods: u32,
+    /// Memory kept back from allocatable for the system.
+    pub memory_reserve_bytes: u64,
+    pub lease_renew: Duration,
+    pub lease_duration_secs: u32,
+    /// Status is patched on change, and at least this often.
+    pub status_report: Duration,
+    /// MemoryPressure when MemAvailable drops below this.
+    pub memory_pressure_bytes: u64,
+    /// DiskPressure when the data dir's filesystem has less free space than this share.
+    pub disk_pressure_percent: u8,
+    /// PIDPressure when more than this share of pid_max is in use.
+    pub pid_pressure_percent: u8,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Taint {
+    pub key: String,
+    #[serde(default)]
+    pub value: String,
+    pub effect: String,
 }
 
 /// Local API options beyond `api_addr`.
@@ -103,6 +134,23 @@ struct FileConfig {
     sync: FileSync,
     #[serde(default)]
     api: FileApi,
+    #[serde(default)]
+    node: FileNode,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileNode {
+    labels: Option<std::collections::BTreeMap<String, String>>,
+    taints: Option<Vec<Taint>>,
+    max_pods: Option<u32>,
+    memory_reserve_mib: Option<u64>,
+    lease_renew_secs: Option<u64>,
+    lease_duration_secs: Option<u32>,
+    status_report_secs: Option<u64>,
+    memory_pressure_mib: Option<u64>,
+    disk_pressure_percent: Option<u8>,
+    pid_pressure_percent: Option<u8>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -348,6 +396,7 @@ impl Config {
             socket_group: a.socket_group,
             token_file: a.token_file,
         };
+        let node = node_config(file.node)?;
         Ok(Config {
             node_name,
             data_dir,
@@ -357,8 +406,142 @@ impl Config {
             log,
             sync,
             api,
+            node,
         })
     }
+}
+
+fn node_config(n: FileNode) -> Result<NodeConfig, ConfigError> {
+    let labels = n.labels.unwrap_or_default();
+    for (k, v) in &labels {
+        check_node_label(k, v).map_err(|r| invalid("node.labels", format!("{k:?}: {r}")))?;
+    }
+    let taints = n.taints.unwrap_or_default();
+    for t in &taints {
+        check_label_key(&t.key)
+            .map_err(|r| invalid("node.taints", format!("key {:?}: {r}", t.key)))?;
+        check_label_value(&t.value)
+            .map_err(|r| invalid("node.taints", format!("value {:?}: {r}", t.value)))?;
+        if !["NoSchedule", "PreferNoSchedule", "NoExecute"].contains(&t.effect.as_str()) {
+            return Err(invalid(
+                "node.taints",
+                format!(
+                    "effect {:?} must be NoSchedule, PreferNoSchedule or NoExecute",
+                    t.effect
+                ),
+            ));
+        }
+    }
+    let max_pods = n.max_pods.unwrap_or(110);
+    if !(1..=1000).contains(&max_pods) {
+        return Err(invalid(
+            "node.max_pods",
+            format!("must be between 1 and 1000 (got {max_pods})"),
+        ));
+    }
+    let lease_renew = n.lease_renew_secs.unwrap_or(10);
+    let lease_duration = n.lease_duration_secs.unwrap_or(40);
+    if lease_renew == 0 || u64::from(lease_duration) <= lease_renew {
+        return Err(invalid(
+            "node.lease_renew_secs",
+            format!("must be at least 1 and below node.lease_duration_secs ({lease_duration})"),
+        ));
+    }
+    let status_report = n.status_report_secs.unwrap_or(300);
+    if status_report == 0 {
+        return Err(invalid("node.status_report_secs", "must be at least 1"));
+    }
+    let pct = |field: &str, v: Option<u8>, default: u8| {
+        let v = v.unwrap_or(default);
+        if v > 100 {
+            return Err(invalid(field, format!("must be a percentage (got {v})")));
+        }
+        Ok(v)
+    };
+    Ok(NodeConfig {
+        labels,
+        taints,
+        max_pods,
+        memory_reserve_bytes: n.memory_reserve_mib.unwrap_or(256) << 20,
+        lease_renew: Duration::from_secs(lease_renew),
+        lease_duration_secs: lease_duration,
+        status_report: Duration::from_secs(status_report),
+        memory_pressure_bytes: n.memory_pressure_mib.unwrap_or(100) << 20,
+        disk_pressure_percent: pct("node.disk_pressure_percent", n.disk_pressure_percent, 10)?,
+        pid_pressure_percent: pct("node.pid_pressure_percent", n.pid_pressure_percent, 90)?,
+    })
+}
+
+/// A label key: optional DNS-subdomain prefix, then a name of at most 63 characters.
+fn check_label_key(k: &str) -> Result<(), String> {
+    let (prefix, name) = match k.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, k),
+    };
+    if let Some(p) = prefix {
+        crate::names::check_subdomain(p).map_err(|r| format!("prefix {r}"))?;
+    }
+    check_label_value(name)?;
+    if name.is_empty() {
+        return Err("name must not be empty".into());
+    }
+    Ok(())
+}
+
+/// A label value: at most 63 characters of alphanumerics, '-', '_' and '.', alphanumeric at
+/// both ends.
+fn check_label_value(v: &str) -> Result<(), String> {
+    if v.len() > 63 {
+        return Err(format!("must be at most 63 characters (got {})", v.len()));
+    }
+    if !v
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    {
+        return Err("only letters, digits, '-', '_' and '.' are allowed".into());
+    }
+    let alnum = |c: Option<char>| c.is_none_or(|c| c.is_ascii_alphanumeric());
+    if !(alnum(v.chars().next()) && alnum(v.chars().last())) {
+        return Err("must start and end with a letter or digit".into());
+    }
+    Ok(())
+}
+
+/// What NodeRestriction lets a node set on itself: labels outside the kubernetes.io and k8s.io
+/// namespaces, plus the kubelet's own ones. `node-role.kubernetes.io/*` is refused here, before
+/// any request, with the reason.
+pub fn check_node_label(k: &str, v: &str) -> Result<(), String> {
+    check_label_key(k)?;
+    check_label_value(v)?;
+    let prefix = k.rsplit_once('/').map(|(p, _)| p).unwrap_or("");
+    if prefix == "node-role.kubernetes.io" {
+        return Err("NodeRestriction forbids a node to set node-role.kubernetes.io/* labels on itself; an administrator sets roles with kubectl label".into());
+    }
+    let restricted = prefix == "kubernetes.io"
+        || prefix.ends_with(".kubernetes.io")
+        || prefix == "k8s.io"
+        || prefix.ends_with(".k8s.io");
+    let allowed_prefix = ["kubelet.kubernetes.io", "node.kubernetes.io"]
+        .iter()
+        .any(|a| prefix == *a || prefix.ends_with(&format!(".{a}")));
+    const WELL_KNOWN: &[&str] = &[
+        "kubernetes.io/hostname",
+        "kubernetes.io/arch",
+        "kubernetes.io/os",
+        "beta.kubernetes.io/arch",
+        "beta.kubernetes.io/os",
+        "beta.kubernetes.io/instance-type",
+        "failure-domain.beta.kubernetes.io/region",
+        "failure-domain.beta.kubernetes.io/zone",
+        "topology.kubernetes.io/region",
+        "topology.kubernetes.io/zone",
+    ];
+    if restricted && !allowed_prefix && !WELL_KNOWN.contains(&k) {
+        return Err(format!(
+            "NodeRestriction forbids a node to set labels in {prefix} other than the kubelet's well-known ones"
+        ));
+    }
+    Ok(())
 }
 
 fn absolute(field: &str, p: &Path) -> Result<(), ConfigError> {
@@ -508,6 +691,66 @@ mod tests {
         let e =
             Config::resolve(None, Path::new("x"), &[], &Overrides::default(), None).unwrap_err();
         assert_eq!(field_of(e), "node_name");
+    }
+
+    #[test]
+    fn node_section_is_read_and_checked() {
+        let file = "[node]\nmax_pods = 32\nlabels = { \"openyurt.io/is-edge-worker\" = \"true\", \"node.kubernetes.io/instance-type\" = \"vehicle-ecu\" }\ntaints = [{ key = \"edge\", value = \"true\", effect = \"NoSchedule\" }]\n";
+        let c = resolve(Some(file), &[], &Overrides::default()).unwrap();
+        assert_eq!(c.node.max_pods, 32);
+        assert_eq!(c.node.labels.len(), 2);
+        assert_eq!(c.node.taints[0].effect, "NoSchedule");
+        let d = resolve(None, &[], &Overrides::default()).unwrap().node;
+        assert_eq!(
+            (d.max_pods, d.lease_renew, d.lease_duration_secs),
+            (110, Duration::from_secs(10), 40)
+        );
+        assert_eq!(d.status_report, Duration::from_secs(300));
+
+        for (file, field, why) in [
+            (
+                "[node]\nlabels = { \"node-role.kubernetes.io/edge\" = \"\" }",
+                "node.labels",
+                "node-role.kubernetes.io",
+            ),
+            (
+                "[node]\nlabels = { \"kubernetes.io/custom\" = \"x\" }",
+                "node.labels",
+                "NodeRestriction",
+            ),
+            ("[node]\nlabels = { \"a/b/c\" = \"x\" }", "node.labels", ""),
+            (
+                "[node]\nlabels = { \"ok\" = \"bad value!\" }",
+                "node.labels",
+                "",
+            ),
+            (
+                "[node]\ntaints = [{ key = \"k\", effect = \"Sometimes\" }]",
+                "node.taints",
+                "NoSchedule",
+            ),
+            ("[node]\nlease_renew_secs = 40", "node.lease_renew_secs", ""),
+            ("[node]\nmax_pods = 0", "node.max_pods", ""),
+            (
+                "[node]\ndisk_pressure_percent = 101",
+                "node.disk_pressure_percent",
+                "",
+            ),
+        ] {
+            let e = resolve(Some(file), &[], &Overrides::default()).unwrap_err();
+            let msg = e.to_string();
+            assert_eq!(field_of(e), field, "{file}");
+            assert!(msg.contains(why), "{msg}");
+        }
+        for ok in [
+            "kubernetes.io/hostname",
+            "node.kubernetes.io/instance-type",
+            "kubelet.kubernetes.io/x",
+            "example.com/team",
+            "plain",
+        ] {
+            assert!(check_node_label(ok, "v").is_ok(), "{ok}");
+        }
     }
 
     #[test]

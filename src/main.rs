@@ -7,6 +7,7 @@ use edgehub::api::{self, listen};
 use edgehub::client::{self as local, LocalClient};
 use edgehub::config::{Config, Overrides, Source};
 use edgehub::kube::ApiClient;
+use edgehub::node;
 use edgehub::store::{OpenMode, Store};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -158,7 +159,19 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
     let listeners = listen::bind(&config).await?;
     let client = api_client(&config)?;
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+    let probe = Arc::new(node::HostProbe {
+        data_dir: config.data_dir.clone(),
+        apiserver: node::server_host_port(client.server()),
+        container_runtime_version: None,
+    });
+    let agent = node::NodeAgent::new(
+        client.clone(),
+        probe,
+        config.node.clone(),
+        config.node_name.clone(),
+    );
     let sync = edgehub::sync::Sync::spawn(&config, client, store.clone(), shutdown_rx.clone());
+    let node_task = tokio::spawn(agent.run(sync.link.clone(), shutdown_rx.clone()));
     let state = Arc::new(api::ApiState {
         store: store.clone(),
         link: sync.link.clone(),
@@ -186,6 +199,7 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
     for s in servers {
         let _ = s.await;
     }
+    let _ = node_task.await;
     sync.join().await;
     tracing::info!("stopped");
     Ok(())

@@ -19,7 +19,7 @@
 use crate::config::{Config, SyncConfig};
 use crate::kube::resource::{CONTROLLER_REVISIONS, DAEMONSETS, NODES, PODS};
 use crate::kube::{ApiClient, KubeError, ListParams, Resource, WatchEvent};
-use crate::object::ObjectIndex;
+use crate::object::{Kind, ObjectIndex};
 use crate::store::{Change, Store, StoredObject};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -93,6 +93,8 @@ pub struct ReflectorStats {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReflectorSpec {
     pub resource: Resource,
+    /// The cached kind the resource's objects are stored as.
+    pub kind: Kind,
     pub namespace: Option<String>,
     pub params: ListParams,
     /// Store only ControllerRevisions owned by a DaemonSet.
@@ -125,6 +127,7 @@ pub fn plan(node_name: &str, sync: &SyncConfig) -> Vec<ReflectorSpec> {
     let mut specs = vec![
         ReflectorSpec {
             resource: PODS,
+            kind: Kind::Pod,
             namespace: None,
             params: ListParams {
                 field_selector: Some(format!("spec.nodeName={node_name}")),
@@ -134,6 +137,7 @@ pub fn plan(node_name: &str, sync: &SyncConfig) -> Vec<ReflectorSpec> {
         },
         ReflectorSpec {
             resource: NODES,
+            kind: Kind::Node,
             namespace: None,
             params: ListParams {
                 field_selector: Some(format!("metadata.name={node_name}")),
@@ -148,9 +152,13 @@ pub fn plan(node_name: &str, sync: &SyncConfig) -> Vec<ReflectorSpec> {
         sync.watch_namespaces.iter().cloned().map(Some).collect()
     };
     for ns in namespaces {
-        for (resource, owned) in [(DAEMONSETS, false), (CONTROLLER_REVISIONS, true)] {
+        for (resource, kind, owned) in [
+            (DAEMONSETS, Kind::DaemonSet, false),
+            (CONTROLLER_REVISIONS, Kind::ControllerRevision, true),
+        ] {
             specs.push(ReflectorSpec {
                 resource,
+                kind,
                 namespace: ns.clone(),
                 params: ListParams::default(),
                 daemonset_owned_only: owned,
@@ -232,7 +240,7 @@ impl Sync {
         let ns = &config.sync.watch_namespaces;
         match store.prune(
             &keys,
-            &[(DAEMONSETS.kind, ns), (CONTROLLER_REVISIONS.kind, ns)],
+            &[(Kind::DaemonSet, ns), (Kind::ControllerRevision, ns)],
         ) {
             Ok(0) => {}
             Ok(n) => tracing::info!(
@@ -422,7 +430,7 @@ impl Reflector {
             };
             self.link.online();
             for raw in page.items {
-                match StoredObject::from_raw(self.spec.resource.kind, raw) {
+                match StoredObject::from_raw(self.spec.kind, raw) {
                     Ok(obj) if self.spec.keep(&obj.index) => items.push(obj),
                     Ok(_) => {}
                     Err(e) => {
@@ -436,9 +444,9 @@ impl Reflector {
                 None => break page.resource_version,
             }
         };
-        let stats =
-            self.store
-                .replace_all(self.spec.resource.kind, ns, &items, (&cursor.key, &rv))?;
+        let stats = self
+            .store
+            .replace_all(self.spec.kind, ns, &items, (&cursor.key, &rv))?;
         self.stats
             .written
             .fetch_add((stats.written + stats.deleted) as u64, Ordering::Relaxed);
@@ -520,7 +528,7 @@ impl Reflector {
         deleted: bool,
         cursor: &mut Cursor,
     ) -> Result<(), ReflectError> {
-        let obj = match StoredObject::from_raw(self.spec.resource.kind, raw) {
+        let obj = match StoredObject::from_raw(self.spec.kind, raw) {
             Ok(o) => o,
             Err(e) => {
                 self.stats.malformed.fetch_add(1, Ordering::Relaxed);
@@ -537,9 +545,9 @@ impl Reflector {
         } else {
             Change::Upsert(obj)
         };
-        let stats =
-            self.store
-                .apply(self.spec.resource.kind, &[change], Some((&cursor.key, &rv)))?;
+        let stats = self
+            .store
+            .apply(self.spec.kind, &[change], Some((&cursor.key, &rv)))?;
         cursor.seen = Some(rv.clone());
         if stats.touched() {
             self.stats

@@ -174,13 +174,7 @@ async fn typed_requests_round_trip() {
     let ev = json!({"apiVersion": "v1", "kind": "Event", "metadata": {"name": "x.1", "namespace": "vehicle"}, "reason": "UpgradeSucceeded"});
     let created = c
         .create(
-            &edgehub::kube::Resource {
-                group: "",
-                version: "v1",
-                plural: "events",
-                kind: edgehub::object::Kind::Pod,
-                namespaced: true,
-            },
+            &edgehub::kube::resource::EVENTS,
             Some("vehicle"),
             ev.to_string().into_bytes(),
         )

@@ -427,6 +427,24 @@ impl ApiClient {
         .await
     }
 
+    /// PUT (replace) an object; the body's `metadata.resourceVersion` makes it conditional.
+    pub async fn update(
+        &self,
+        res: &Resource,
+        namespace: Option<&str>,
+        name: &str,
+        body: Vec<u8>,
+    ) -> Result<String, KubeError> {
+        let request = Self::request_desc("update", res, None, namespace, Some(name));
+        self.call(
+            request,
+            Method::PUT,
+            &res.object_path(namespace, name, None),
+            Some(("application/json", body)),
+        )
+        .await
+    }
+
     /// PATCH an object or one of its subresources (`status`).
     pub async fn patch(
         &self,

@@ -1,6 +1,5 @@
 //! The API resources edgehub talks to, and how their URLs are built.
 
-use crate::object::Kind;
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
 /// Characters escaped in query values: everything but RFC 3986's unreserved set, so `=` and `,`
@@ -11,14 +10,13 @@ const QUERY: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'_')
     .remove(b'~');
 
-/// An API resource: group/version/plural, and the cached kind it holds.
+/// An API resource: group/version/plural, and whether it lives in namespaces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Resource {
     /// Empty for the core group.
     pub group: &'static str,
     pub version: &'static str,
     pub plural: &'static str,
-    pub kind: Kind,
     pub namespaced: bool,
 }
 
@@ -26,28 +24,36 @@ pub const PODS: Resource = Resource {
     group: "",
     version: "v1",
     plural: "pods",
-    kind: Kind::Pod,
     namespaced: true,
 };
 pub const NODES: Resource = Resource {
     group: "",
     version: "v1",
     plural: "nodes",
-    kind: Kind::Node,
     namespaced: false,
 };
 pub const DAEMONSETS: Resource = Resource {
     group: "apps",
     version: "v1",
     plural: "daemonsets",
-    kind: Kind::DaemonSet,
+    namespaced: true,
+};
+pub const LEASES: Resource = Resource {
+    group: "coordination.k8s.io",
+    version: "v1",
+    plural: "leases",
+    namespaced: true,
+};
+pub const EVENTS: Resource = Resource {
+    group: "",
+    version: "v1",
+    plural: "events",
     namespaced: true,
 };
 pub const CONTROLLER_REVISIONS: Resource = Resource {
     group: "apps",
     version: "v1",
     plural: "controllerrevisions",
-    kind: Kind::ControllerRevision,
     namespaced: true,
 };
 

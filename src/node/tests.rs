@@ -1,0 +1,228 @@
+use super::*;
+use crate::config::Config;
+
+fn cfg() -> NodeConfig {
+    let file = "[node]\nmax_pods = 32\nmemory_reserve_mib = 256\nlabels = { \"openyurt.io/is-edge-worker\" = \"true\" }\n";
+    Config::resolve(
+        Some(file),
+        std::path::Path::new("t"),
+        &[],
+        &Default::default(),
+        Some("edge-1".into()),
+    )
+    .unwrap()
+    .node
+}
+
+fn sample() -> NodeSample {
+    NodeSample {
+        cpus: 4,
+        memory_total_bytes: 3906 << 20,
+        memory_available_bytes: 2000 << 20,
+        disk_free_percent: Some(50),
+        pids_used: 300,
+        pid_max: 32768,
+        internal_ip: Some("10.1.2.3".parse().unwrap()),
+        kernel_version: "6.1.0".into(),
+        os_image: "Poky (Yocto Project Reference Distro)".into(),
+        architecture: "arm64".into(),
+        container_runtime_version: Some("containerd://1.6.20".into()),
+        ..Default::default()
+    }
+}
+
+fn fixture(name: &str) -> Value {
+    let path = format!(
+        "{}/tests/fixtures/apiserver/{name}.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn cond<'a>(st: &'a Value, kind: &str) -> &'a Value {
+    st["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == kind)
+        .unwrap()
+}
+
+#[test]
+fn new_node_has_the_recorded_shape() {
+    let node = new_node(&sample(), &cfg(), "edge-1", "2026-11-29T18:00:00Z");
+    let want = &fixture("node_create_self")["request"]["body"];
+    let keys = |v: &Value| -> Vec<String> { v.as_object().unwrap().keys().cloned().collect() };
+    assert_eq!(
+        keys(&node["status"]["nodeInfo"]),
+        keys(&want["status"]["nodeInfo"])
+    );
+    assert_eq!(
+        node["status"]["capacity"],
+        json!({"cpu": "4", "memory": "3999744Ki", "pods": "32"})
+    );
+    assert_eq!(
+        node["status"]["allocatable"],
+        json!({"cpu": "4", "memory": "3737600Ki", "pods": "32"})
+    );
+    assert_eq!(node["metadata"]["labels"]["kubernetes.io/arch"], "arm64");
+    assert_eq!(
+        node["metadata"]["labels"]["openyurt.io/is-edge-worker"],
+        "true"
+    );
+    assert_eq!(
+        node["metadata"]["labels"]["kubernetes.io/hostname"],
+        "edge-1"
+    );
+    assert!(node["metadata"]["annotations"][MANAGED_BY_ANNOTATION]
+        .as_str()
+        .unwrap()
+        .starts_with("edgehub/"));
+    assert_eq!(
+        node["status"]["nodeInfo"]["containerRuntimeVersion"],
+        "containerd://1.6.20"
+    );
+    assert_eq!(
+        node["status"]["addresses"][0],
+        json!({"type": "InternalIP", "address": "10.1.2.3"})
+    );
+    assert!(
+        node["spec"].get("taints").is_none(),
+        "no taints unless configured"
+    );
+    let ready = cond(&node["status"], "Ready");
+    assert_eq!(
+        (ready["status"].as_str(), ready["reason"].as_str()),
+        (Some("True"), Some("EdgehubReady"))
+    );
+}
+
+#[test]
+fn pressure_conditions_follow_the_sample_and_keep_transition_times() {
+    let c = cfg();
+    let t0 = "2026-11-29T18:00:00Z";
+    let st0 = status(&sample(), &c, "edge-1", None, t0);
+    for kind in ["MemoryPressure", "DiskPressure", "PIDPressure"] {
+        assert_eq!(cond(&st0, kind)["status"], "False", "{kind}");
+    }
+    let mut low = sample();
+    low.memory_available_bytes = 50 << 20;
+    low.disk_free_percent = Some(3);
+    low.pids_used = 32000;
+    let t1 = "2026-11-29T18:00:10Z";
+    let st1 = status(&low, &c, "edge-1", st0.get("conditions"), t1);
+    for kind in ["MemoryPressure", "DiskPressure", "PIDPressure"] {
+        assert_eq!(cond(&st1, kind)["status"], "True", "{kind}");
+        assert_eq!(
+            cond(&st1, kind)["lastTransitionTime"],
+            t1,
+            "{kind} changed at t1"
+        );
+    }
+    assert_eq!(
+        cond(&st1, "Ready")["lastTransitionTime"],
+        t0,
+        "Ready did not change"
+    );
+    assert_eq!(cond(&st1, "Ready")["lastHeartbeatTime"], t1);
+    assert_ne!(significant(&st0), significant(&st1));
+    // Only heartbeat times differ: not a significant change.
+    let st2 = status(
+        &low,
+        &c,
+        "edge-1",
+        st1.get("conditions"),
+        "2026-11-29T18:00:20Z",
+    );
+    assert_eq!(significant(&st1), significant(&st2));
+    // Unknown disk never claims pressure.
+    let mut unknown = sample();
+    unknown.disk_free_percent = None;
+    assert_eq!(
+        cond(&status(&unknown, &c, "e", None, t0), "DiskPressure")["status"],
+        "False"
+    );
+}
+
+#[test]
+fn existing_node_is_reconciled_only_when_something_differs() {
+    let c = cfg();
+    let node = new_node(&sample(), &c, "edge-1", "t");
+    assert_eq!(reconcile_patch(&node, &c, "edge-1", "arm64"), None);
+    let mut other = node.clone();
+    other["metadata"]["labels"]
+        .as_object_mut()
+        .unwrap()
+        .remove("openyurt.io/is-edge-worker");
+    other["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("annotations");
+    let p = reconcile_patch(&other, &c, "edge-1", "arm64").unwrap();
+    assert_eq!(
+        p["metadata"]["labels"],
+        json!({"openyurt.io/is-edge-worker": "true"})
+    );
+    assert!(p["metadata"]["annotations"][MANAGED_BY_ANNOTATION].is_string());
+    assert!(
+        p.get("spec").is_none(),
+        "taints are never patched after creation"
+    );
+}
+
+#[test]
+fn lease_bodies() {
+    let create = lease("edge-1", 40, "2026-11-29T18:00:00.000000Z", None);
+    let want = &fixture("lease_create")["request"]["body"];
+    assert_eq!(create, *want);
+    let renew = lease("edge-1", 40, "2026-11-29T18:00:10.000000Z", Some("235"));
+    assert_eq!(renew["metadata"]["resourceVersion"], "235");
+    assert_eq!(
+        renew["spec"],
+        fixture("lease_renew_put")["request"]["body"]["spec"]
+    );
+}
+
+#[test]
+fn host_parsing() {
+    let (t, a) =
+        parse_meminfo("MemTotal:        3999744 kB\nMemFree: 1 kB\nMemAvailable:    2048000 kB\n");
+    assert_eq!((t, a), (3999744 * 1024, 2048000 * 1024));
+    assert_eq!(parse_meminfo("garbage"), (0, 0));
+    assert_eq!(
+        parse_os_release("NAME=x\nPRETTY_NAME=\"Debian GNU/Linux 12 (bookworm)\"\n"),
+        "Debian GNU/Linux 12 (bookworm)"
+    );
+    assert_eq!(parse_os_release(""), "Linux");
+    assert_eq!(
+        server_host_port("https://10.0.0.1:6443").as_deref(),
+        Some("10.0.0.1:6443")
+    );
+    assert_eq!(
+        server_host_port("https://api.example.com").as_deref(),
+        Some("api.example.com:443")
+    );
+    assert_eq!(
+        server_host_port("https://[fd00::1]:6443").as_deref(),
+        Some("[fd00::1]:6443")
+    );
+    assert_eq!(server_host_port("not a url"), None);
+}
+
+#[test]
+fn the_host_probe_reads_this_machine() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = HostProbe {
+        data_dir: dir.path().to_path_buf(),
+        apiserver: Some("127.0.0.1:6443".into()),
+        container_runtime_version: None,
+    };
+    let s = p.sample();
+    assert!(s.cpus >= 1);
+    assert!(s.memory_total_bytes > 0 && s.memory_available_bytes <= s.memory_total_bytes);
+    assert!(s.disk_free_percent.is_some());
+    assert!(s.pid_max > 0 && s.pids_used > 0);
+    assert!(!s.kernel_version.is_empty());
+    assert_eq!(s.internal_ip, Some("127.0.0.1".parse().unwrap()));
+    assert_eq!(s.architecture, goarch());
+}

@@ -1,0 +1,75 @@
+//! RFC 3339 timestamps as the Kubernetes API writes them, without a date crate: the API needs
+//! only UTC formatting.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Days since 1970-01-01 to (year, month, day), after Howard Hinnant's `civil_from_days`.
+fn civil(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+fn parts(t: SystemTime) -> (i64, u32) {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => (d.as_secs() as i64, d.subsec_micros()),
+        Err(_) => (0, 0),
+    }
+}
+
+fn format(secs: i64, micros: Option<u32>) -> String {
+    let (y, m, d) = civil(secs.div_euclid(86_400));
+    let rem = secs.rem_euclid(86_400);
+    let hms = format!("{:02}:{:02}:{:02}", rem / 3600, rem % 3600 / 60, rem % 60);
+    match micros {
+        Some(us) => format!("{y:04}-{m:02}-{d:02}T{hms}.{us:06}Z"),
+        None => format!("{y:04}-{m:02}-{d:02}T{hms}Z"),
+    }
+}
+
+/// `2026-11-29T18:00:00Z`: metav1.Time, as conditions carry it.
+pub fn rfc3339(t: SystemTime) -> String {
+    format(parts(t).0, None)
+}
+
+/// `2026-11-29T18:00:00.000000Z`: metav1.MicroTime, as a Lease's renewTime carries it.
+pub fn rfc3339_micros(t: SystemTime) -> String {
+    let (s, us) = parts(t);
+    format(s, Some(us))
+}
+
+pub fn now() -> String {
+    rfc3339(SystemTime::now())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn formats() {
+        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00Z");
+        let t = UNIX_EPOCH + Duration::from_secs(1_795_975_200);
+        assert_eq!(rfc3339(t), "2026-11-29T18:00:00Z");
+        assert_eq!(
+            rfc3339_micros(t + Duration::from_micros(10_000_042)),
+            "2026-11-29T18:00:10.000042Z"
+        );
+        // Leap day and year boundaries.
+        assert_eq!(
+            rfc3339(UNIX_EPOCH + Duration::from_secs(951_782_400)),
+            "2000-02-29T00:00:00Z"
+        );
+        assert_eq!(
+            rfc3339(UNIX_EPOCH + Duration::from_secs(1_735_689_599)),
+            "2024-12-31T23:59:59Z"
+        );
+    }
+}
