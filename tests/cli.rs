@@ -417,3 +417,59 @@ async fn tells_systemd_when_the_api_is_up_and_when_it_stops() {
     assert_eq!(&buf[..n], b"STOPPING=1");
     assert!(child.wait().unwrap().success());
 }
+
+#[tokio::test]
+async fn run_registers_the_node_and_keeps_its_lease_fresh() {
+    let env = Env::new().await;
+    env.server.remove("nodes", "", "edge-1");
+    let text = std::fs::read_to_string(&env.config).unwrap() + "[node]\nlease_renew_secs = 1\n";
+    std::fs::write(&env.config, text).unwrap();
+    let mut child = env.spawn_run(&[]);
+    wait_until(20, "the Node is registered", || {
+        env.server.get("nodes", "", "edge-1").is_some()
+    })
+    .await;
+    wait_until(20, "the Lease exists", || {
+        env.server
+            .get("leases", "kube-node-lease", "edge-1")
+            .is_some()
+    })
+    .await;
+    let renew = |e: &Env| {
+        e.server.get("leases", "kube-node-lease", "edge-1").unwrap()["spec"]["renewTime"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let first = renew(&env);
+    wait_until(10, "the Lease is renewed", || renew(&env) > first).await;
+    let node = env.server.get("nodes", "", "edge-1").unwrap();
+    let ready = node["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Ready")
+        .unwrap()
+        .clone();
+    assert_eq!(ready["status"], "True");
+    assert!(node["status"]["allocatable"]["memory"]
+        .as_str()
+        .unwrap()
+        .ends_with("Ki"));
+    assert_eq!(node["metadata"]["labels"]["kubernetes.io/os"], "linux");
+    // The node's own watch brings it into the cache, too.
+    wait_until(20, "the Node is cached", || {
+        rusqlite::Connection::open_with_flags(env.db(), rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .and_then(|c| {
+                c.query_row(
+                    "SELECT count(*) FROM objects WHERE kind = 'Node'",
+                    [],
+                    |r| r.get::<_, i64>(0),
+                )
+            })
+            .unwrap_or(0)
+            == 1
+    })
+    .await;
+    kill9(&mut child);
+}
