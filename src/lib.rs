@@ -18,6 +18,7 @@ pub mod api;
 pub mod cache;
 pub mod client;
 pub mod config;
+pub mod cri;
 pub mod kube;
 pub mod names;
 pub mod node;
