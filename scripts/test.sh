@@ -12,7 +12,7 @@ export CARGO_TERM_COLOR=never
 log() { printf '==> %s\n' "$*"; }
 
 # Debian packages the build and the tests need.
-apt_packages=(gcc libc6-dev curl file systemd qemu-user-static python3 python3-pip)
+apt_packages=(gcc libc6-dev curl file systemd qemu-user-static protobuf-compiler python3 python3-pip)
 missing=()
 for p in "${apt_packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -41,7 +41,10 @@ if command -v rustup >/dev/null 2>&1; then
 fi
 
 results=$(mktemp)
-trap 'rm -f "$results"' EXIT
+# The CRI integration tests start an isolated containerd (scripts/cri-stack.sh); stop it at the end.
+trap 'rm -f "$results"; bash scripts/cri-stack.sh stop >/dev/null 2>&1 || true' EXIT
+log "CRI test stack (containerd, runc, local registry, test images)"
+bash scripts/cri-stack.sh start >/dev/null
 
 log "cargo fmt --check"
 cargo fmt --all --check
