@@ -110,6 +110,7 @@ async fn bench(n: usize, samples: usize) {
         metrics: Default::default(),
         token: None,
         node_name: "edge-1".into(),
+        cri: ready_runtime(),
     });
     let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -173,4 +174,13 @@ fn main() {
         bench(100, 500).await;
         bench(1000, 100).await;
     });
+}
+
+/// A runtime health that says ready (these tests exercise the API, not the runtime).
+fn ready_runtime() -> tokio::sync::watch::Receiver<edgehub::cri::CriHealth> {
+    // A receiver keeps the last value after its sender is gone.
+    tokio::sync::watch::channel(edgehub::cri::CriHealth::Ready {
+        version: "containerd://1.6.20".into(),
+    })
+    .1
 }

@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 use edgehub::api::{self, listen};
 use edgehub::client::{self as local, LocalClient};
 use edgehub::config::{Config, Overrides, Source};
+use edgehub::cri::{self, CriClient};
 use edgehub::kube::ApiClient;
 use edgehub::node;
 use edgehub::store::{OpenMode, Store};
@@ -151,18 +152,19 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
     } else {
         OpenMode::Normal
     };
-    // Start-up order: the store, then the local API, then the sync, so the cache is served
-    // before the apiserver has answered (or when it never does).
+    // Start-up order: the store, then the CRI, then the local API, then the sync, so the
+    // cache is served before the apiserver has answered (or when it never does).
     let store = Arc::new(Store::open(&config.db_path(), mode)?);
     tracing::info!(node = %config.node_name, db = %store.path().display(), "store open");
+    let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+    let cri_health = cri::spawn_monitor(CriClient::new(&config.cri_socket), shutdown_rx.clone());
     let token = listen::read_token(&config)?;
     let listeners = listen::bind(&config).await?;
     let client = api_client(&config)?;
-    let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
     let probe = Arc::new(node::HostProbe {
         data_dir: config.data_dir.clone(),
         apiserver: node::server_host_port(client.server()),
-        container_runtime_version: None,
+        cri: cri_health.clone(),
     });
     let agent = node::NodeAgent::new(
         client.clone(),
@@ -179,6 +181,7 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
         metrics: Default::default(),
         token,
         node_name: config.node_name.clone(),
+        cri: cri_health,
     });
     let mut servers = Vec::new();
     for l in listeners {

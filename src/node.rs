@@ -47,6 +47,8 @@ pub struct NodeSample {
     pub system_uuid: String,
     /// `containerd://1.6.20`, once the CRI has answered.
     pub container_runtime_version: Option<String>,
+    /// Why the container runtime cannot be used; the Node is then not Ready.
+    pub runtime_problem: Option<String>,
 }
 
 /// A source of samples.
@@ -113,11 +115,19 @@ pub fn conditions(s: &NodeSample, cfg: &NodeConfig, prev: Option<&Value>, now: &
     let pid_high =
         s.pid_max > 0 && s.pids_used * 100 > s.pid_max * u64::from(cfg.pid_pressure_percent);
     let list = [
-        Cond {
-            kind: "Ready",
-            status: true,
-            reason: "EdgehubReady",
-            message: "edgehub is posting ready status".into(),
+        match &s.runtime_problem {
+            None => Cond {
+                kind: "Ready",
+                status: true,
+                reason: "EdgehubReady",
+                message: "edgehub is posting ready status".into(),
+            },
+            Some(p) => Cond {
+                kind: "Ready",
+                status: false,
+                reason: "ContainerRuntimeNotReady",
+                message: format!("container runtime is down: {p}"),
+            },
         },
         Cond {
             kind: "MemoryPressure",
@@ -603,7 +613,8 @@ pub struct HostProbe {
     pub data_dir: PathBuf,
     /// `host:port` of the apiserver: the local address that routes there is the InternalIP.
     pub apiserver: Option<String>,
-    pub container_runtime_version: Option<String>,
+    /// The container runtime's health, for nodeInfo and the Ready condition.
+    pub cri: watch::Receiver<crate::cri::CriHealth>,
 }
 
 fn read_trim(path: &str) -> String {
@@ -704,7 +715,8 @@ impl NodeProbe for HostProbe {
             machine_id: read_trim("/etc/machine-id"),
             boot_id: read_trim("/proc/sys/kernel/random/boot_id"),
             system_uuid: read_trim("/sys/class/dmi/id/product_uuid"),
-            container_runtime_version: self.container_runtime_version.clone(),
+            container_runtime_version: self.cri.borrow().version().map(str::to_string),
+            runtime_problem: self.cri.borrow().problem(),
         }
     }
 }

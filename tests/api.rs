@@ -34,6 +34,7 @@ async fn start_api(h: &Harness, token: Option<&str>) -> Api {
         metrics: Default::default(),
         token: token.map(str::to_string),
         node_name: "edge-1".into(),
+        cri: ready_runtime(),
     });
     let (tx, rx) = tokio::sync::watch::channel(false);
     tokio::spawn(api::serve(Listener::Tcp(tcp), state, rx));
@@ -437,6 +438,7 @@ async fn unix_socket_with_mode() {
         metrics: Default::default(),
         token: None,
         node_name: "edge-1".into(),
+        cri: ready_runtime(),
     });
     let (_tx, rx) = tokio::sync::watch::channel(false);
     for l in ls {
@@ -458,6 +460,49 @@ async fn unix_socket_with_mode() {
     std::fs::write(&file, "x").unwrap();
     cfg.api.socket = Some(file);
     assert!(listen::bind(&cfg).await.is_err());
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn readyz_says_why_when_the_runtime_is_down() {
+    let mut h = Harness::new().await;
+    h.start();
+    h.wait_converged().await;
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = tcp.local_addr().unwrap();
+    let (cri_tx, cri) = tokio::sync::watch::channel(edgehub::cri::CriHealth::Unavailable {
+        reason: "CRI socket /run/containerd/containerd.sock: runtime unavailable: No such file or directory".into(),
+    });
+    let state = Arc::new(ApiState {
+        store: h.store.clone().unwrap(),
+        link: h.sync().link.clone(),
+        sync_stats: vec![],
+        metrics: Default::default(),
+        token: None,
+        node_name: "edge-1".into(),
+        cri,
+    });
+    let (_tx, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(api::serve(Listener::Tcp(tcp), state, rx));
+    let a = call(addr, "GET", "/v1/readyz").await;
+    assert_eq!(a.status, 503);
+    assert!(
+        a.body
+            .starts_with("cri: CRI socket /run/containerd/containerd.sock"),
+        "{}",
+        a.body
+    );
+    // The API itself keeps serving from the cache.
+    assert_eq!(call(addr, "GET", "/pods").await.status, 200);
+    assert_eq!(call(addr, "GET", "/v1/healthz").await.status, 200);
+    let st: Value = serde_json::from_str(&call(addr, "GET", "/v1/status").await.body).unwrap();
+    assert_eq!(st["runtime"]["state"], "Unavailable");
+    cri_tx
+        .send(edgehub::cri::CriHealth::Ready {
+            version: "containerd://1.6.20".into(),
+        })
+        .unwrap();
+    assert_eq!(call(addr, "GET", "/v1/readyz").await.status, 200);
     h.stop().await;
 }
 
@@ -513,4 +558,13 @@ async fn a_large_cache_is_listed_completely() {
     let list: Value = serde_json::from_str(&call(api.addr, "GET", "/pods").await.body).unwrap();
     assert_eq!(list["items"].as_array().unwrap().len(), 202);
     h.stop().await;
+}
+
+/// A runtime health that says ready (these tests exercise the API, not the runtime).
+fn ready_runtime() -> tokio::sync::watch::Receiver<edgehub::cri::CriHealth> {
+    // A receiver keeps the last value after its sender is gone.
+    tokio::sync::watch::channel(edgehub::cri::CriHealth::Ready {
+        version: "containerd://1.6.20".into(),
+    })
+    .1
 }

@@ -422,7 +422,11 @@ async fn tells_systemd_when_the_api_is_up_and_when_it_stops() {
 async fn run_registers_the_node_and_keeps_its_lease_fresh() {
     let env = Env::new().await;
     env.server.remove("nodes", "", "edge-1");
-    let text = std::fs::read_to_string(&env.config).unwrap() + "[node]\nlease_renew_secs = 1\n";
+    let socket = common::cri_stack();
+    let text = std::fs::read_to_string(&env.config).unwrap().replace(
+        "api_addr",
+        &format!("cri_socket = \"{}\"\napi_addr", socket.display()),
+    ) + "[node]\nlease_renew_secs = 1\n";
     std::fs::write(&env.config, text).unwrap();
     let mut child = env.spawn_run(&[]);
     wait_until(20, "the Node is registered", || {

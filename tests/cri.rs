@@ -6,26 +6,10 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// Starts (or finds) the test CRI stack and returns its socket.
+mod common;
+
 fn stack() -> PathBuf {
-    let out = std::process::Command::new("bash")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/cri-stack.sh"))
-        .arg("start")
-        .output()
-        .expect("bash runs scripts/cri-stack.sh");
-    assert!(
-        out.status.success(),
-        "the CRI test stack did not start (it needs root, containerd and runc):\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(
-        String::from_utf8(out.stdout)
-            .unwrap()
-            .lines()
-            .last()
-            .unwrap()
-            .trim(),
-    )
+    common::cri_stack()
 }
 
 const IMAGE_1: &str = "127.0.0.1:5000/busybox:1.0";

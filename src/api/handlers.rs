@@ -158,20 +158,29 @@ pub fn status(state: &ApiState) -> Reply {
         Ok(a) => a,
         Err(e) => return Reply::internal("Get status failed", &e),
     };
+    let cri = state.cri.borrow().clone();
     let body = json!({
         "node": state.node_name,
         "link": link_json(&state.link.borrow()),
+        "runtime": match &cri {
+            crate::cri::CriHealth::Ready { version } => json!({"state": "Ready", "version": version}),
+            other => json!({"state": "Unavailable", "reason": other.problem()}),
+        },
         "cache": {"pods": pods, "daemonSets": ds, "controllerRevisions": crs, "nodes": nodes},
         "activeRequests": active.iter().map(record_json).collect::<Vec<_>>(),
     });
     Reply::json(200, body.to_string())
 }
 
-/// `GET /v1/readyz`: ready when the store answers.
+/// `GET /v1/readyz`: ready when the store and the container runtime answer; otherwise 503
+/// saying which does not.
 pub fn readyz(state: &ApiState) -> Reply {
-    match state.store.count(Kind::Node) {
-        Ok(_) => Reply::text(200, "ok"),
-        Err(e) => Reply::text(503, format!("store: {e}")),
+    if let Err(e) = state.store.count(Kind::Node) {
+        return Reply::text(503, format!("store: {e}"));
+    }
+    match state.cri.borrow().problem() {
+        None => Reply::text(200, "ok"),
+        Some(p) => Reply::text(503, format!("cri: {p}")),
     }
 }
 

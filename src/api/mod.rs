@@ -45,6 +45,8 @@ pub struct ApiState {
     /// When set, every route but the health probes needs `Authorization: Bearer <token>`.
     pub token: Option<String>,
     pub node_name: String,
+    /// The container runtime's health, for readyz.
+    pub cri: watch::Receiver<crate::cri::CriHealth>,
 }
 
 /// A response before it becomes HTTP.

@@ -6,8 +6,10 @@
 //! deadline.
 
 mod client;
+mod health;
 
 pub use client::CriClient;
+pub use health::{spawn_monitor, CriHealth};
 pub use k8s_cri::v1 as api;
 
 use std::collections::HashMap;

@@ -212,10 +212,13 @@ fn host_parsing() {
 #[test]
 fn the_host_probe_reads_this_machine() {
     let dir = tempfile::tempdir().unwrap();
+    let (_tx, cri) = tokio::sync::watch::channel(crate::cri::CriHealth::Ready {
+        version: "containerd://1.6.20".into(),
+    });
     let p = HostProbe {
         data_dir: dir.path().to_path_buf(),
         apiserver: Some("127.0.0.1:6443".into()),
-        container_runtime_version: None,
+        cri,
     };
     let s = p.sample();
     assert!(s.cpus >= 1);
@@ -225,4 +228,26 @@ fn the_host_probe_reads_this_machine() {
     assert!(!s.kernel_version.is_empty());
     assert_eq!(s.internal_ip, Some("127.0.0.1".parse().unwrap()));
     assert_eq!(s.architecture, goarch());
+    assert_eq!(
+        s.container_runtime_version.as_deref(),
+        Some("containerd://1.6.20")
+    );
+    assert_eq!(s.runtime_problem, None);
+}
+
+#[test]
+fn a_down_runtime_makes_the_node_not_ready() {
+    let mut s = sample();
+    s.runtime_problem =
+        Some("CRI socket /run/containerd/containerd.sock: runtime unavailable".into());
+    let st = status(&s, &cfg(), "edge-1", None, "t");
+    let ready = cond(&st, "Ready");
+    assert_eq!(
+        (ready["status"].as_str(), ready["reason"].as_str()),
+        (Some("False"), Some("ContainerRuntimeNotReady"))
+    );
+    assert!(ready["message"]
+        .as_str()
+        .unwrap()
+        .contains("containerd.sock"));
 }

@@ -174,3 +174,25 @@ impl Harness {
         self.server.count(|r| r.is_watch_of(plural))
     }
 }
+
+/// Starts (or finds) the isolated containerd of scripts/cri-stack.sh and returns its socket.
+/// It needs root; without it the calling test fails, loudly.
+pub fn cri_stack() -> PathBuf {
+    let out = std::process::Command::new("bash")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/cri-stack.sh"))
+        .arg("start")
+        .output()
+        .expect("bash runs scripts/cri-stack.sh");
+    assert!(
+        out.status.success(),
+        "the CRI test stack did not start (it needs root, containerd and runc):\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .last()
+            .unwrap_or("")
+            .trim(),
+    )
+}
