@@ -24,6 +24,7 @@ pub mod names;
 pub mod node;
 pub mod notify;
 pub mod object;
+pub mod podspec;
 pub mod revision;
 pub mod store;
 pub mod sync;
