@@ -83,7 +83,8 @@ storage:
 http:
   addr: $REG
 EOF
-    docker-registry serve "$D/registry.yml" >"$D/registry.log" 2>&1 &
+    # 9>&-: the daemons must not inherit the start lock.
+    docker-registry serve "$D/registry.yml" >"$D/registry.log" 2>&1 9>&- &
     echo $! >"$D/registry.pid"
     for _ in $(seq 100); do curl -sf "http://$REG/v2/" >/dev/null 2>&1 && return; sleep 0.1; done
     echo "error: docker-registry did not start; see $D/registry.log" >&2
@@ -132,7 +133,7 @@ state = "$D/state"
     bin_dir = "/usr/lib/cni"
     conf_dir = "$D/cni"
 EOF
-    containerd --config "$D/config.toml" >"$D/containerd.log" 2>&1 &
+    containerd --config "$D/config.toml" >"$D/containerd.log" 2>&1 9>&- &
     echo $! >"$D/containerd.pid"
     for _ in $(seq 100); do
         [ -S "$SOCK" ] && ctr --address "$SOCK" version >/dev/null 2>&1 && return
@@ -146,6 +147,9 @@ start() {
     need_root
     install_packages
     mkdir -p "$D"
+    # Tests start the stack from several processes at once: one at a time.
+    exec 9>"$D/start.lock"
+    flock 9
     start_registry
     if [ ! -f "$D/images.done" ]; then
         log "building and pushing test images to $REG"

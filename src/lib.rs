@@ -26,6 +26,7 @@ pub mod notify;
 pub mod object;
 pub mod podspec;
 pub mod revision;
+pub mod runtime;
 pub mod store;
 pub mod sync;
 pub mod time;

@@ -8,8 +8,8 @@ use edgehub::client::{self as local, LocalClient};
 use edgehub::config::{Config, Overrides, Source};
 use edgehub::cri::{self, CriClient};
 use edgehub::kube::ApiClient;
-use edgehub::node;
 use edgehub::store::{OpenMode, Store};
+use edgehub::{node, runtime};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -172,6 +172,19 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
         config.node.clone(),
         config.node_name.clone(),
     );
+    // The pod runtime: runs the cached pods through the CRI, with or without the link.
+    let mut reconciler = runtime::Reconciler::new(
+        CriClient::new(&config.cri_socket),
+        store.clone(),
+        Some(client.clone()),
+        config.data_dir.clone(),
+        config.node_name.clone(),
+    );
+    reconciler.host_ip = node::server_host_port(client.server())
+        .and_then(|a| node::local_ip_towards(&a))
+        .map(|ip| ip.to_string());
+    let runtime_task =
+        tokio::spawn(reconciler.run(std::time::Duration::from_secs(10), shutdown_rx.clone()));
     let sync = edgehub::sync::Sync::spawn(&config, client, store.clone(), shutdown_rx.clone());
     let node_task = tokio::spawn(agent.run(sync.link.clone(), shutdown_rx.clone()));
     let state = Arc::new(api::ApiState {
@@ -203,6 +216,7 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
         let _ = s.await;
     }
     let _ = node_task.await;
+    let _ = runtime_task.await;
     sync.join().await;
     tracing::info!("stopped");
     Ok(())

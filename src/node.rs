@@ -667,7 +667,8 @@ fn disk_free_percent(path: &std::path::Path) -> Option<u8> {
     Some(((st.f_bavail as u128 * 100) / st.f_blocks as u128).min(100) as u8)
 }
 
-fn local_ip_towards(target: &str) -> Option<IpAddr> {
+/// The local address that routes to `target` (`host:port`): the node's InternalIP.
+pub fn local_ip_towards(target: &str) -> Option<IpAddr> {
     use std::net::{ToSocketAddrs, UdpSocket};
     let addr = target.to_socket_addrs().ok()?.next()?;
     let bind = if addr.is_ipv4() {

@@ -174,6 +174,7 @@ pub fn translate(pod: &Value, ctx: &PodContext) -> Result<PodPlan, Unsupported> 
         (labels::POD_NAMESPACE.to_string(), namespace.clone()),
         (labels::POD_UID.to_string(), uid.clone()),
         (labels::MANAGED_BY.to_string(), "edgehub".to_string()),
+        (labels::NODE.to_string(), ctx.node_name.clone()),
     ]);
     if let Some(h) = pod
         .pointer("/metadata/labels/controller-revision-hash")
@@ -665,6 +666,7 @@ fn container(
         (labels::POD_UID.to_string(), uid.to_string()),
         (labels::CONTAINER_NAME.to_string(), name.clone()),
         (labels::MANAGED_BY.to_string(), "edgehub".to_string()),
+        (labels::NODE.to_string(), ctx.node_name.clone()),
     ]);
     if init {
         ctr_labels.insert("edgehub.io/init".into(), "true".into());

@@ -26,6 +26,9 @@ pub mod labels {
     pub const CONTAINER_NAME: &str = "io.kubernetes.container.name";
     /// Marks an object as edgehub's.
     pub const MANAGED_BY: &str = "edgehub.io/managed-by";
+    /// The node whose edgehub owns the object: edgehubs of different nodes sharing one
+    /// runtime (tests, simulators) never touch each other's pods.
+    pub const NODE: &str = "edgehub.io/node";
     pub const REVISION_HASH: &str = "edgehub.io/revision-hash";
     pub const UPGRADE_ID: &str = "edgehub.io/upgrade-id";
 }

@@ -87,6 +87,8 @@ fn a_recorded_pod_translates() {
     );
     assert_eq!(sb.labels[labels::REVISION_HASH], "768bcc7446");
     assert_eq!(sb.labels[labels::MANAGED_BY], "edgehub");
+    assert_eq!(sb.labels[labels::NODE], "edge-1");
+    assert_eq!(plan.containers[0].config.labels[labels::NODE], "edge-1");
 
     let app = &plan.containers[0];
     assert_eq!(app.image, "127.0.0.1:5000/busybox:1.0");

@@ -75,6 +75,9 @@ pub struct Store {
     /// Held for the life of the store: an exclusive `flock` on `<db>.lock`, so two edgehubs
     /// never share one database.
     _lock: File,
+    /// Bumped after every write that changed an object, so readers (the pod runtime) react
+    /// to changes without polling the database.
+    changes: tokio::sync::watch::Sender<u64>,
 }
 
 impl std::fmt::Debug for Store {
@@ -128,6 +131,18 @@ impl Store {
             conn: Mutex::new(conn),
             path: path.to_path_buf(),
             _lock: lock,
+            changes: tokio::sync::watch::channel(0).0,
+        }
+    }
+
+    /// A receiver that changes whenever cached objects change.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    fn changed(&self, stats: &ApplyStats) {
+        if stats.touched() {
+            self.changes.send_modify(|n| *n = n.wrapping_add(1));
         }
     }
 
@@ -171,7 +186,9 @@ impl Store {
         changes: &[Change],
         cursor: Option<(&str, &str)>,
     ) -> Result<ApplyStats, StoreError> {
-        objects::apply(&mut self.conn(), kind, changes, cursor)
+        let stats = objects::apply(&mut self.conn(), kind, changes, cursor)?;
+        self.changed(&stats);
+        Ok(stats)
     }
 
     /// Replaces every object of `kind` (in `namespace`, or all of them) with `items` in one
@@ -184,7 +201,9 @@ impl Store {
         items: &[StoredObject],
         cursor: (&str, &str),
     ) -> Result<ApplyStats, StoreError> {
-        objects::replace_all(&mut self.conn(), kind, namespace, items, cursor)
+        let stats = objects::replace_all(&mut self.conn(), kind, namespace, items, cursor)?;
+        self.changed(&stats);
+        Ok(stats)
     }
 
     pub fn get(

@@ -1,0 +1,367 @@
+//! The pod runtime with real containers: containerd from scripts/cri-stack.sh, pods from the
+//! cache. Needs root; without it these tests fail, loudly.
+
+mod common;
+
+use edgehub::cri::{api, labels, CriClient, CriRuntime};
+use edgehub::object::Kind;
+use edgehub::runtime::{BackoffPolicy, Reconciler};
+use edgehub::store::{Change, OpenMode, Store, StoredObject};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn uid(tag: &str) -> String {
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("rt-{tag}-{}-{}", std::process::id(), n % 1_000_000_000)
+}
+
+/// A host-network DaemonSet-style pod running busybox.
+fn pod(name: &str, uid: &str, image: &str) -> Value {
+    json!({
+        "metadata": {"name": name, "namespace": "rt", "uid": uid, "resourceVersion": "1",
+            "labels": {"controller-revision-hash": "h1"},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "ds", "uid": "ds-uid", "controller": true}]},
+        "spec": {
+            "nodeName": "edge-1",
+            "hostNetwork": true,
+            "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "app", "image": image, "imagePullPolicy": "IfNotPresent",
+                "env": [{"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]}]
+        },
+        "status": {"phase": "Pending"}
+    })
+}
+
+fn put(store: &Store, p: &Value) {
+    let obj = StoredObject::from_raw(Kind::Pod, p.to_string()).unwrap();
+    store
+        .apply(Kind::Pod, &[Change::Upsert(obj)], None)
+        .unwrap();
+}
+
+fn remove(store: &Store, p: &Value) {
+    let ch = Change::Delete {
+        namespace: p["metadata"]["namespace"].as_str().unwrap().into(),
+        name: p["metadata"]["name"].as_str().unwrap().into(),
+    };
+    store.apply(Kind::Pod, &[ch], None).unwrap();
+}
+
+struct Env {
+    /// A node name of its own: tests share one containerd and must not see each other's pods.
+    node: String,
+    socket: PathBuf,
+    _dir: tempfile::TempDir,
+    data: PathBuf,
+    store: Arc<Store>,
+}
+
+fn env() -> Env {
+    let socket = common::cri_stack();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let store = Arc::new(Store::open(&data.join("edgehub.db"), OpenMode::Normal).unwrap());
+    Env {
+        node: uid("node"),
+        socket,
+        _dir: dir,
+        data,
+        store,
+    }
+}
+
+fn reconciler(e: &Env, client: Option<edgehub::kube::ApiClient>) -> Reconciler<CriClient> {
+    let mut r = Reconciler::new(
+        CriClient::new(&e.socket),
+        e.store.clone(),
+        client,
+        e.data.clone(),
+        e.node.clone(),
+    );
+    r.backoff = BackoffPolicy {
+        initial: Duration::from_millis(300),
+        max: Duration::from_secs(2),
+    };
+    r
+}
+
+async fn containers_of(c: &CriClient, uid: &str) -> Vec<api::Container> {
+    c.list_containers(HashMap::from([(
+        labels::POD_UID.to_string(),
+        uid.to_string(),
+    )]))
+    .await
+    .unwrap()
+}
+
+async fn running(c: &CriClient, uid: &str) -> Vec<api::Container> {
+    containers_of(c, uid)
+        .await
+        .into_iter()
+        .filter(|c| c.state == api::ContainerState::ContainerRunning as i32)
+        .collect()
+}
+
+fn log_has(data: &Path, uid: &str, file: &str, text: &str) -> bool {
+    std::fs::read_to_string(data.join("pods").join(uid).join("logs").join(file))
+        .unwrap_or_default()
+        .contains(text)
+}
+
+/// Reconciles until `f` holds, or fails after `secs`.
+async fn reconcile_until<F, Fut>(r: &mut Reconciler<CriClient>, secs: u64, what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        r.reconcile().await.unwrap();
+        if f().await {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out after {secs}s waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_cached_pod_runs_and_a_killed_container_is_restarted() {
+    let e = env();
+    let c = CriClient::new(&e.socket);
+    let id = uid("run");
+    let p = pod("runner", &id, "127.0.0.1:5000/busybox:1.0");
+    put(&e.store, &p);
+    let mut r = reconciler(&e, None);
+    let pass = r.reconcile().await.unwrap();
+    assert_eq!(
+        (pass.sandboxes_created, pass.containers_started),
+        (1, 1),
+        "{pass:?}"
+    );
+    let first = running(&c, &id).await;
+    assert_eq!(first.len(), 1);
+    let data = e.data.clone();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !log_has(&data, &id, "app_0.log", "hello from 1.0") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the container's process writes its log"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The env from the downward API reached the process.
+    let out = c
+        .exec_sync(
+            &first[0].id,
+            vec!["sh".into(), "-c".into(), "echo $NODE".into()],
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), e.node);
+    // A second pass changes nothing.
+    assert_eq!(r.reconcile().await.unwrap(), Default::default());
+
+    // Kill the container's process from the host, as an OOM kill or crash would.
+    let runc_root = e.socket.parent().unwrap().join("runc/k8s.io");
+    let st = std::process::Command::new("runc")
+        .arg("--root")
+        .arg(&runc_root)
+        .args(["kill", &first[0].id, "KILL"])
+        .status()
+        .unwrap();
+    assert!(st.success(), "runc kill");
+    reconcile_until(
+        &mut r,
+        20,
+        "a new attempt runs after the crash-loop backoff",
+        || async {
+            running(&c, &id)
+                .await
+                .iter()
+                .any(|x| x.metadata.as_ref().unwrap().attempt == 1)
+        },
+    )
+    .await;
+
+    // No longer desired: stopped and removed.
+    remove(&e.store, &p);
+    let pass = r.reconcile().await.unwrap();
+    assert_eq!(pass.pods_removed, 1);
+    assert!(containers_of(&c, &id).await.is_empty());
+}
+
+#[tokio::test]
+async fn after_a_reboot_without_a_link_pods_come_back_from_the_cache() {
+    let e = env();
+    let c = CriClient::new(&e.socket);
+    let id = uid("reboot");
+    let p = pod("reboot", &id, "127.0.0.1:5000/busybox:2.0");
+    put(&e.store, &p);
+    reconciler(&e, None).reconcile().await.unwrap();
+    assert_eq!(running(&c, &id).await.len(), 1);
+    // The reboot: every container and sandbox of the pod is gone.
+    for sb in c
+        .list_pod_sandbox(HashMap::from([(labels::POD_UID.to_string(), id.clone())]))
+        .await
+        .unwrap()
+    {
+        c.stop_pod_sandbox(&sb.id).await.unwrap();
+        c.remove_pod_sandbox(&sb.id).await.unwrap();
+    }
+    assert!(running(&c, &id).await.is_empty());
+    // A fresh edgehub with no apiserver at all rebuilds the pod from its cache.
+    let mut r = reconciler(&e, None);
+    let pass = r.reconcile().await.unwrap();
+    assert_eq!(pass.sandboxes_created, 1);
+    assert_eq!(running(&c, &id).await.len(), 1);
+    remove(&e.store, &p);
+    r.reconcile().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_pod_deleted_in_the_cloud_is_stopped_and_its_deletion_finished() {
+    let e = env();
+    let c = CriClient::new(&e.socket);
+    let server = edgehub_testsupport::FakeApiServer::start().await.unwrap();
+    let kdir = tempfile::tempdir().unwrap();
+    let kc = server
+        .write_kubeconfig(kdir.path(), edgehub_testsupport::NODE_TOKEN)
+        .unwrap();
+    let client = common::client(&common::test_config(&e.data, &kc));
+    let id = uid("del");
+    let p = pod("deleted", &id, "127.0.0.1:5000/busybox:1.0");
+    server.apply("pods", p.clone());
+    put(&e.store, &server.get("pods", "rt", "deleted").unwrap());
+    let mut r = reconciler(&e, Some(client));
+    r.reconcile().await.unwrap();
+    assert_eq!(running(&c, &id).await.len(), 1);
+
+    // The operator deletes the pod: the apiserver sets deletionTimestamp (grace 1 s).
+    let (code, _) = server
+        .raw(
+            Some(edgehub_testsupport::ADMIN_TOKEN),
+            "DELETE",
+            "/api/v1/namespaces/rt/pods/deleted",
+            Some("application/json"),
+            Some(&json!({"gracePeriodSeconds": 1})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(code, 200);
+    let deleting = server.get("pods", "rt", "deleted").unwrap();
+    assert!(deleting["metadata"]["deletionTimestamp"].is_string());
+    put(&e.store, &deleting);
+    let pass = r.reconcile().await.unwrap();
+    assert_eq!((pass.pods_removed, pass.pods_finalized), (1, 1), "{pass:?}");
+    assert!(containers_of(&c, &id).await.is_empty());
+    assert!(
+        server.get("pods", "rt", "deleted").is_none(),
+        "the node finished the delete"
+    );
+    let del = server
+        .requests()
+        .into_iter()
+        .rfind(|x| x.method == "DELETE")
+        .unwrap();
+    assert_eq!(
+        (del.user.as_deref(), del.status),
+        (Some(edgehub_testsupport::NODE_USER), 200)
+    );
+}
+
+#[tokio::test]
+async fn an_unsupported_pod_is_reported_and_the_others_run() {
+    let e = env();
+    let c = CriClient::new(&e.socket);
+    let (bad_id, good_id) = (uid("bad"), uid("good"));
+    let mut bad = pod("bad", &bad_id, "127.0.0.1:5000/busybox:1.0");
+    bad["spec"]["volumes"] = json!([{"name": "cfg", "configMap": {"name": "x"}}]);
+    let good = pod("good", &good_id, "127.0.0.1:5000/busybox:1.0");
+    put(&e.store, &bad);
+    put(&e.store, &good);
+    let mut r = reconciler(&e, None);
+    let pass = r.reconcile().await.unwrap();
+    assert_eq!(pass.unsupported.len(), 1);
+    assert_eq!(pass.unsupported[0].0, "bad");
+    assert_eq!(pass.unsupported[0].1.field, "spec.volumes[0].configMap");
+    assert!(containers_of(&c, &bad_id).await.is_empty());
+    assert_eq!(running(&c, &good_id).await.len(), 1);
+    remove(&e.store, &bad);
+    remove(&e.store, &good);
+    r.reconcile().await.unwrap();
+}
+
+#[tokio::test]
+async fn objects_without_edgehubs_label_are_never_touched() {
+    let e = env();
+    let c = CriClient::new(&e.socket);
+    let logs = tempfile::tempdir().unwrap();
+    let foreign = api::PodSandboxConfig {
+        metadata: Some(api::PodSandboxMetadata {
+            name: "foreign".into(),
+            uid: uid("foreign"),
+            namespace: "other".into(),
+            attempt: 0,
+        }),
+        log_directory: logs.path().display().to_string(),
+        labels: HashMap::from([("owner".to_string(), "someone-else".to_string())]),
+        linux: Some(api::LinuxPodSandboxConfig {
+            security_context: Some(api::LinuxSandboxSecurityContext {
+                namespace_options: Some(api::NamespaceOption {
+                    network: api::NamespaceMode::Node as i32,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let sb = c.run_pod_sandbox(foreign).await.unwrap();
+    // The cache is empty: edgehub wants nothing, yet removes nothing that is not its own.
+    reconciler(&e, None).reconcile().await.unwrap();
+    let st = c.pod_sandbox_status(&sb).await.unwrap().unwrap();
+    assert_eq!(st.state, api::PodSandboxState::SandboxReady as i32);
+    c.stop_pod_sandbox(&sb).await.unwrap();
+    c.remove_pod_sandbox(&sb).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_missing_cri_socket_is_an_error_and_reconciling_recovers() {
+    let e = env();
+    let dir = tempfile::tempdir().unwrap();
+    let late = dir.path().join("late.sock");
+    let mut r = Reconciler::new(
+        CriClient::new(&late),
+        e.store.clone(),
+        None,
+        e.data.clone(),
+        e.node.clone(),
+    );
+    let err = r.reconcile().await.unwrap_err();
+    assert!(
+        err.to_string().contains("late.sock") && err.to_string().contains("unavailable"),
+        "{err}"
+    );
+    std::os::unix::fs::symlink(&e.socket, &late).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while r.reconcile().await.is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "reconciling recovers once the socket appears"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
