@@ -68,6 +68,8 @@ pub struct Pass {
     pub containers_restarted: usize,
     pub pods_removed: usize,
     pub pods_finalized: usize,
+    /// Pod status patches delivered to the apiserver.
+    pub statuses_sent: usize,
     /// Pods that cannot run, and why.
     pub unsupported: Vec<(String, Unsupported)>,
 }
@@ -194,20 +196,23 @@ impl<R: CriRuntime> Reconciler<R> {
                 continue;
             }
             wanted.insert(pod.index.uid.clone());
-            if let Err(u) = self
+            match self
                 .ensure_pod(pod, &raw, &sandboxes, &containers, &mut pass)
                 .await
             {
-                match u {
-                    EnsureError::Unsupported(u) => {
-                        if self.reported.insert(pod.index.uid.clone()) {
-                            tracing::warn!(pod = %pod.index.name, namespace = %pod.index.namespace, field = %u.field, reason = %u.reason,
-                                "pod cannot run on edgehub");
-                        }
-                        pass.unsupported.push((pod.index.name.clone(), u));
-                    }
-                    EnsureError::Runtime(e) => return Err(e),
+                Ok(plan) => {
+                    let status = self.observe(&plan, &sandboxes, &containers).await?;
+                    self.queue_status(pod, status)?;
                 }
+                Err(EnsureError::Unsupported(u)) => {
+                    if self.reported.insert(pod.index.uid.clone()) {
+                        tracing::warn!(pod = %pod.index.name, namespace = %pod.index.namespace, field = %u.field, reason = %u.reason,
+                            "pod cannot run on edgehub");
+                    }
+                    self.queue_status(pod, unsupported_status(&u))?;
+                    pass.unsupported.push((pod.index.name.clone(), u));
+                }
+                Err(EnsureError::Runtime(e)) => return Err(e),
             }
         }
 
@@ -246,7 +251,178 @@ impl<R: CriRuntime> Reconciler<R> {
                 let _ = std::fs::remove_dir_all(self.pod_dir(&pod.index.uid));
             }
         }
+        pass.statuses_sent = self.send_statuses().await?;
         Ok(pass)
+    }
+
+    /// Queues the pod's status if it differs from what the apiserver has (as cached).
+    fn queue_status(&self, pod: &StoredObject, status: Value) -> Result<(), RuntimeError> {
+        let cached: Value = serde_json::from_str(&pod.raw).unwrap_or(Value::Null);
+        let have = cached.get("status").cloned().unwrap_or(Value::Null);
+        // Already what the apiserver holds: nothing to send, nothing to write.
+        let covered = status.as_object().is_some_and(|m| {
+            m.iter().all(|(k, v)| match (k.as_str(), v) {
+                ("conditions", Value::Array(want)) => want.iter().all(|w| {
+                    have["conditions"].as_array().is_some_and(|hc| {
+                        hc.iter().any(|h| {
+                            h["type"] == w["type"]
+                                && h["status"] == w["status"]
+                                && h.get("reason") == w.get("reason")
+                        })
+                    })
+                }),
+                (k, v) => have.get(k) == Some(&without_nulls(v)),
+            })
+        });
+        if covered {
+            return Ok(());
+        }
+        let patch = serde_json::json!({"status": status}).to_string();
+        self.store.queue_status(&crate::store::QueuedStatus {
+            pod_uid: pod.index.uid.clone(),
+            namespace: pod.index.namespace.clone(),
+            name: pod.index.name.clone(),
+            patch,
+        })?;
+        Ok(())
+    }
+
+    /// Sends queued status patches while the apiserver answers; keeps them when it does not.
+    async fn send_statuses(&self) -> Result<usize, RuntimeError> {
+        let Some(client) = &self.client else {
+            return Ok(0);
+        };
+        let mut sent = 0;
+        for q in self.store.queued_statuses()? {
+            match client
+                .patch(
+                    &PODS,
+                    Some(&q.namespace),
+                    &q.name,
+                    Some("status"),
+                    crate::kube::PatchType::StrategicMerge,
+                    q.patch.clone().into_bytes(),
+                )
+                .await
+            {
+                Ok(_) => {
+                    self.store.status_sent(&q.pod_uid, &q.patch)?;
+                    sent += 1;
+                }
+                // The pod is gone (the Node authorizer answers 403 for pods not bound here).
+                Err(e) if matches!(e.code(), Some(404) | Some(403)) => {
+                    tracing::info!(pod = %q.name, namespace = %q.namespace, "pod gone; dropping its queued status");
+                    self.store.status_sent(&q.pod_uid, &q.patch)?;
+                }
+                Err(e) if e.is_offline() => break,
+                Err(e) => {
+                    tracing::warn!(pod = %q.name, error = %e, "pod status patch failed; will retry");
+                    break;
+                }
+            }
+        }
+        Ok(sent)
+    }
+
+    /// What the runtime shows of a pod, as a status.
+    async fn observe(
+        &self,
+        plan: &PodPlan,
+        sandboxes: &[api::PodSandbox],
+        containers: &[api::Container],
+    ) -> Result<Value, CriError> {
+        let sandbox = sandboxes
+            .iter()
+            .filter(|s| {
+                s.labels.get(labels::POD_UID) == Some(&plan.uid)
+                    && s.state == api::PodSandboxState::SandboxReady as i32
+            })
+            .max_by_key(|s| s.metadata.as_ref().map(|m| m.attempt).unwrap_or(0));
+        let mine: Vec<&api::Container> = match sandbox {
+            Some(sb) => containers
+                .iter()
+                .filter(|c| c.pod_sandbox_id == sb.id)
+                .collect(),
+            None => Vec::new(),
+        };
+        let views = |list: &[podspec::ContainerPlan]| {
+            list.iter()
+                .map(|p| (p.clone(), latest(&mine, &p.name).cloned()))
+                .collect::<Vec<_>>()
+        };
+        let (init, app) = (views(&plan.init_containers), views(&plan.containers));
+        let mut to_view = Vec::new();
+        for group in [&init, &app] {
+            let mut out = Vec::new();
+            for (p, c) in group.iter() {
+                out.push(self.view(p, c.as_ref()).await?);
+            }
+            to_view.push(out);
+        }
+        let app_views = to_view.pop().unwrap_or_default();
+        let init_views = to_view.pop().unwrap_or_default();
+        Ok(pod_status(
+            &init_views,
+            &app_views,
+            self.host_ip.as_deref(),
+            sandbox.map(|s| nanos_to_rfc3339(s.created_at)).as_deref(),
+            plan.restart_policy,
+        ))
+    }
+
+    async fn view(
+        &self,
+        p: &podspec::ContainerPlan,
+        c: Option<&api::Container>,
+    ) -> Result<ContainerView, CriError> {
+        let creating = || ViewState::Waiting {
+            reason: "ContainerCreating".into(),
+        };
+        let Some(c) = c else {
+            return Ok(ContainerView {
+                name: p.name.clone(),
+                image: p.image.clone(),
+                image_id: String::new(),
+                restart_count: 0,
+                state: creating(),
+            });
+        };
+        let st = match self.cri.container_status(&c.id).await {
+            Ok(s) => s,
+            Err(e) if e.is_not_found() => None,
+            Err(e) => return Err(e),
+        };
+        let state = match &st {
+            Some(s) if s.state == api::ContainerState::ContainerRunning as i32 => {
+                ViewState::Running {
+                    started_at: nanos_to_rfc3339(s.started_at),
+                }
+            }
+            Some(s) if s.state == api::ContainerState::ContainerExited as i32 => {
+                ViewState::Terminated {
+                    exit_code: s.exit_code,
+                    reason: if s.reason.is_empty() {
+                        if s.exit_code == 0 {
+                            "Completed".into()
+                        } else {
+                            "Error".into()
+                        }
+                    } else {
+                        s.reason.clone()
+                    },
+                    started_at: nanos_to_rfc3339(s.started_at),
+                    finished_at: nanos_to_rfc3339(s.finished_at),
+                }
+            }
+            _ => creating(),
+        };
+        Ok(ContainerView {
+            name: p.name.clone(),
+            image: p.image.clone(),
+            image_id: st.map(|s| s.image_ref).unwrap_or_default(),
+            restart_count: c.metadata.as_ref().map(|m| m.attempt).unwrap_or(0),
+            state,
+        })
     }
 
     fn ignore_missing(&self, r: Result<(), CriError>) -> Result<(), CriError> {
@@ -291,7 +467,7 @@ impl<R: CriRuntime> Reconciler<R> {
         sandboxes: &[api::PodSandbox],
         containers: &[api::Container],
         pass: &mut Pass,
-    ) -> Result<(), EnsureError> {
+    ) -> Result<PodPlan, EnsureError> {
         let uid = &pod.index.uid;
         let mine: Vec<&api::PodSandbox> = sandboxes
             .iter()
@@ -334,6 +510,19 @@ impl<R: CriRuntime> Reconciler<R> {
                 id
             }
         };
+        self.ensure_containers(&sandbox_id, &plan, containers, pass)
+            .await?;
+        Ok(plan)
+    }
+
+    /// Creates, starts and restarts the pod's containers in its sandbox.
+    async fn ensure_containers(
+        &mut self,
+        sandbox_id: &str,
+        plan: &PodPlan,
+        containers: &[api::Container],
+        pass: &mut Pass,
+    ) -> Result<(), CriError> {
         let in_sandbox: Vec<&api::Container> = containers
             .iter()
             .filter(|c| c.pod_sandbox_id == sandbox_id)
@@ -343,7 +532,7 @@ impl<R: CriRuntime> Reconciler<R> {
         for ic in &plan.init_containers {
             match latest(&in_sandbox, &ic.name) {
                 None => {
-                    self.create_and_start(&sandbox_id, &plan, ic, 0).await?;
+                    self.create_and_start(sandbox_id, plan, ic, 0).await?;
                     pass.containers_started += 1;
                     return Ok(());
                 }
@@ -355,7 +544,7 @@ impl<R: CriRuntime> Reconciler<R> {
                     if plan.restart_policy == RestartPolicy::Never {
                         return Ok(());
                     }
-                    if self.restart(&sandbox_id, &plan, ic, c).await? {
+                    if self.restart(sandbox_id, plan, ic, c).await? {
                         pass.containers_restarted += 1;
                     }
                     return Ok(());
@@ -366,7 +555,7 @@ impl<R: CriRuntime> Reconciler<R> {
         for pc in &plan.containers {
             match latest(&in_sandbox, &pc.name) {
                 None => {
-                    self.create_and_start(&sandbox_id, &plan, pc, 0).await?;
+                    self.create_and_start(sandbox_id, plan, pc, 0).await?;
                     pass.containers_started += 1;
                 }
                 Some(c) if c.state == api::ContainerState::ContainerCreated as i32 => {
@@ -379,7 +568,7 @@ impl<R: CriRuntime> Reconciler<R> {
                         RestartPolicy::OnFailure => self.exit_code(&c.id).await? != 0,
                         RestartPolicy::Never => false,
                     };
-                    if restart && self.restart(&sandbox_id, &plan, pc, c).await? {
+                    if restart && self.restart(sandbox_id, plan, pc, c).await? {
                         pass.containers_restarted += 1;
                     }
                 }
@@ -467,6 +656,161 @@ impl<R: CriRuntime> Reconciler<R> {
         tracing::info!(pod = %plan.name, namespace = %plan.namespace, container = %c.name, id = %id, attempt, "container started");
         Ok(())
     }
+}
+
+/// A container as the pod status reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerView {
+    pub name: String,
+    pub image: String,
+    pub image_id: String,
+    pub restart_count: u32,
+    pub state: ViewState,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ViewState {
+    Waiting {
+        reason: String,
+    },
+    Running {
+        started_at: String,
+    },
+    Terminated {
+        exit_code: i32,
+        reason: String,
+        started_at: String,
+        finished_at: String,
+    },
+}
+
+/// A container state, with the other two states explicitly null: a strategic merge patch
+/// merges maps, so without the nulls an old `waiting` would stay beside a new `running`.
+fn state_json(s: &ViewState) -> Value {
+    let mut out = serde_json::json!({"waiting": null, "running": null, "terminated": null});
+    match s {
+        ViewState::Waiting { reason } => out["waiting"] = serde_json::json!({"reason": reason}),
+        ViewState::Running { started_at } => {
+            out["running"] = serde_json::json!({"startedAt": started_at})
+        }
+        ViewState::Terminated {
+            exit_code,
+            reason,
+            started_at,
+            finished_at,
+        } => {
+            out["terminated"] = serde_json::json!({
+                "exitCode": exit_code, "reason": reason, "startedAt": started_at, "finishedAt": finished_at
+            })
+        }
+    }
+    out
+}
+
+/// `v` without null members, as the apiserver stores a patched object.
+fn without_nulls(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .filter(|(_, x)| !x.is_null())
+                .map(|(k, x)| (k.clone(), without_nulls(x)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(without_nulls).collect()),
+        other => other.clone(),
+    }
+}
+
+fn container_status_json(c: &ContainerView) -> Value {
+    let running = matches!(c.state, ViewState::Running { .. });
+    serde_json::json!({
+        "name": c.name,
+        "image": c.image,
+        "imageID": c.image_id,
+        "restartCount": c.restart_count,
+        "ready": running,
+        "started": running,
+        "state": state_json(&c.state),
+    })
+}
+
+/// The `status` of a pod edgehub runs (host network: podIP is the host's). Pure, so the
+/// phase and condition rules are unit-tested. No transition times: an unchanged pod has an
+/// unchanged status, and an unchanged status is never re-sent.
+pub fn pod_status(
+    init: &[ContainerView],
+    app: &[ContainerView],
+    host_ip: Option<&str>,
+    start_time: Option<&str>,
+    restart_policy: RestartPolicy,
+) -> Value {
+    let init_done = init
+        .iter()
+        .all(|c| matches!(c.state, ViewState::Terminated { exit_code: 0, .. }));
+    let all_running = !app.is_empty()
+        && app
+            .iter()
+            .all(|c| matches!(c.state, ViewState::Running { .. }));
+    let all_done = !app.is_empty()
+        && app
+            .iter()
+            .all(|c| matches!(c.state, ViewState::Terminated { .. }));
+    let all_ok = app
+        .iter()
+        .all(|c| matches!(c.state, ViewState::Terminated { exit_code: 0, .. }));
+    let phase = if all_done && restart_policy != RestartPolicy::Always {
+        if all_ok {
+            "Succeeded"
+        } else {
+            "Failed"
+        }
+    } else if init_done
+        && app
+            .iter()
+            .any(|c| !matches!(c.state, ViewState::Waiting { .. }))
+    {
+        "Running"
+    } else {
+        "Pending"
+    };
+    let tf = |b: bool| if b { "True" } else { "False" };
+    let mut status = serde_json::json!({
+        "phase": phase,
+        "conditions": [
+            {"type": "PodScheduled", "status": "True"},
+            {"type": "Initialized", "status": tf(init_done)},
+            {"type": "ContainersReady", "status": tf(all_running)},
+            {"type": "Ready", "status": tf(all_running)},
+        ],
+        "containerStatuses": app.iter().map(container_status_json).collect::<Vec<_>>(),
+    });
+    if !init.is_empty() {
+        status["initContainerStatuses"] =
+            Value::Array(init.iter().map(container_status_json).collect());
+    }
+    if let Some(ip) = host_ip {
+        status["hostIP"] = ip.into();
+        status["podIP"] = ip.into();
+        status["podIPs"] = serde_json::json!([{"ip": ip}]);
+    }
+    if let Some(t) = start_time {
+        status["startTime"] = t.into();
+    }
+    status
+}
+
+/// The status of a pod edgehub cannot run: Ready=False naming the field.
+pub fn unsupported_status(u: &Unsupported) -> Value {
+    serde_json::json!({
+        "phase": "Pending",
+        "conditions": [
+            {"type": "Ready", "status": "False", "reason": "UnsupportedField", "message": format!("edgehub cannot run this pod: {u}")},
+        ],
+    })
+}
+
+fn nanos_to_rfc3339(n: i64) -> String {
+    crate::time::rfc3339(std::time::UNIX_EPOCH + Duration::from_nanos(n.max(0) as u64))
 }
 
 #[derive(Debug)]
@@ -582,6 +926,144 @@ mod tests {
         let d: Vec<u64> = (1..=7).map(|n| b.delay(n).as_secs()).collect();
         assert_eq!(d, [10, 20, 40, 80, 160, 300, 300]);
         assert_eq!(b.delay(1000).as_secs(), 300);
+    }
+
+    fn view(name: &str, state: ViewState) -> ContainerView {
+        ContainerView {
+            name: name.into(),
+            image: "img:1".into(),
+            image_id: "img@sha256:x".into(),
+            restart_count: 0,
+            state,
+        }
+    }
+
+    fn running() -> ViewState {
+        ViewState::Running {
+            started_at: "t".into(),
+        }
+    }
+
+    fn exited(code: i32) -> ViewState {
+        ViewState::Terminated {
+            exit_code: code,
+            reason: "r".into(),
+            started_at: "a".into(),
+            finished_at: "b".into(),
+        }
+    }
+
+    fn cond(s: &Value, t: &str) -> String {
+        s["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == t)
+            .unwrap()["status"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
+    #[test]
+    fn pod_phases_and_conditions() {
+        let waiting = ViewState::Waiting {
+            reason: "ContainerCreating".into(),
+        };
+        let s = pod_status(
+            &[],
+            &[view("a", waiting.clone())],
+            Some("10.0.0.7"),
+            None,
+            RestartPolicy::Always,
+        );
+        assert_eq!(
+            (s["phase"].as_str(), cond(&s, "Ready").as_str()),
+            (Some("Pending"), "False")
+        );
+        assert_eq!(s["podIP"], "10.0.0.7");
+        assert_eq!(
+            s["containerStatuses"][0]["state"]["waiting"]["reason"],
+            "ContainerCreating"
+        );
+
+        let s = pod_status(
+            &[],
+            &[view("a", running()), view("b", running())],
+            None,
+            Some("t0"),
+            RestartPolicy::Always,
+        );
+        assert_eq!(
+            (s["phase"].as_str(), cond(&s, "Ready").as_str()),
+            (Some("Running"), "True")
+        );
+        assert_eq!(s["startTime"], "t0");
+        assert_eq!(s["containerStatuses"][1]["imageID"], "img@sha256:x");
+
+        let s = pod_status(
+            &[],
+            &[view("a", running()), view("b", exited(1))],
+            None,
+            None,
+            RestartPolicy::Always,
+        );
+        assert_eq!(
+            (s["phase"].as_str(), cond(&s, "ContainersReady").as_str()),
+            (Some("Running"), "False")
+        );
+
+        let s = pod_status(
+            &[],
+            &[view("a", exited(0))],
+            None,
+            None,
+            RestartPolicy::Never,
+        );
+        assert_eq!(s["phase"], "Succeeded");
+        let s = pod_status(
+            &[],
+            &[view("a", exited(2))],
+            None,
+            None,
+            RestartPolicy::OnFailure,
+        );
+        assert_eq!(s["phase"], "Failed");
+
+        // Init containers gate everything.
+        let s = pod_status(
+            &[view("i", running())],
+            &[view("a", waiting)],
+            None,
+            None,
+            RestartPolicy::Always,
+        );
+        assert_eq!(
+            (s["phase"].as_str(), cond(&s, "Initialized").as_str()),
+            (Some("Pending"), "False")
+        );
+        assert_eq!(s["initContainerStatuses"][0]["name"], "i");
+        let s = pod_status(
+            &[view("i", exited(0))],
+            &[view("a", running())],
+            None,
+            None,
+            RestartPolicy::Always,
+        );
+        assert_eq!(cond(&s, "Initialized"), "True");
+    }
+
+    #[test]
+    fn unsupported_pods_say_which_field() {
+        let s = unsupported_status(&Unsupported {
+            field: "spec.volumes[1].configMap".into(),
+            reason: "not yet".into(),
+        });
+        assert_eq!(s["conditions"][0]["reason"], "UnsupportedField");
+        assert!(s["conditions"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("spec.volumes[1].configMap"));
     }
 
     #[test]

@@ -365,3 +365,117 @@ async fn a_missing_cri_socket_is_an_error_and_reconciling_recovers() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+#[tokio::test]
+async fn pod_status_reaches_the_apiserver_and_waits_while_offline() {
+    let e = env();
+    let c = CriClient::new(&e.socket);
+    let server = edgehub_testsupport::FakeApiServer::start().await.unwrap();
+    let kdir = tempfile::tempdir().unwrap();
+    let kc = server
+        .write_kubeconfig(kdir.path(), edgehub_testsupport::NODE_TOKEN)
+        .unwrap();
+    let client = common::client(&common::test_config(&e.data, &kc));
+    let id = uid("status");
+    let mut p = pod("status", &id, "127.0.0.1:5000/busybox:1.0");
+    p["spec"]["nodeName"] = json!("edge-1");
+    server.apply("pods", p);
+    put(&e.store, &server.get("pods", "rt", "status").unwrap());
+    let mut r = reconciler(&e, Some(client));
+    r.host_ip = Some("127.0.0.1".into());
+    reconcile_until(&mut r, 20, "status Running on the apiserver", || async {
+        server.get("pods", "rt", "status").unwrap()["status"]["phase"] == "Running"
+    })
+    .await;
+    let st = server.get("pods", "rt", "status").unwrap()["status"].clone();
+    assert_eq!(st["podIP"], "127.0.0.1");
+    assert_eq!(
+        st["containerStatuses"][0]["image"],
+        "127.0.0.1:5000/busybox:1.0"
+    );
+    assert!(st["containerStatuses"][0]["imageID"]
+        .as_str()
+        .unwrap()
+        .starts_with("127.0.0.1:5000/busybox@sha256:"));
+    assert!(st["containerStatuses"][0]["state"]["running"]["startedAt"].is_string());
+    assert!(
+        st["containerStatuses"][0]["state"].get("waiting").is_none(),
+        "the old state is gone"
+    );
+    let ready = st["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Ready")
+        .unwrap()
+        .clone();
+    assert_eq!(ready["status"], "True");
+    // The cache catches up (as the watch would deliver it): nothing more is queued or sent.
+    put(&e.store, &server.get("pods", "rt", "status").unwrap());
+    let pass = r.reconcile().await.unwrap();
+    assert_eq!(pass.statuses_sent, 0);
+    assert!(e.store.queued_statuses().unwrap().is_empty());
+
+    // Offline: the container dies and is restarted; the new status waits in the queue.
+    server.set_offline(true).await.unwrap();
+    let running_now = running(&c, &id).await;
+    let runc_root = e.socket.parent().unwrap().join("runc/k8s.io");
+    assert!(std::process::Command::new("runc")
+        .arg("--root")
+        .arg(&runc_root)
+        .args(["kill", &running_now[0].id, "KILL"])
+        .status()
+        .unwrap()
+        .success());
+    reconcile_until(&mut r, 20, "a status queued while offline", || async {
+        !e.store.queued_statuses().unwrap().is_empty()
+    })
+    .await;
+    server.set_offline(false).await.unwrap();
+    reconcile_until(
+        &mut r,
+        30,
+        "the queue drains once the link is back",
+        || async { e.store.queued_statuses().unwrap().is_empty() },
+    )
+    .await;
+    remove(&e.store, &server.get("pods", "rt", "status").unwrap());
+    r.reconcile().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_unsupported_pod_gets_a_condition_naming_the_field() {
+    let e = env();
+    let server = edgehub_testsupport::FakeApiServer::start().await.unwrap();
+    let kdir = tempfile::tempdir().unwrap();
+    let kc = server
+        .write_kubeconfig(kdir.path(), edgehub_testsupport::NODE_TOKEN)
+        .unwrap();
+    let client = common::client(&common::test_config(&e.data, &kc));
+    let id = uid("unsup");
+    let mut p = pod("unsup", &id, "127.0.0.1:5000/busybox:1.0");
+    p["spec"]["volumes"] = json!([{"name": "s", "secret": {"secretName": "x"}}]);
+    server.apply("pods", p);
+    put(&e.store, &server.get("pods", "rt", "unsup").unwrap());
+    let mut r = reconciler(&e, Some(client));
+    let pass = r.reconcile().await.unwrap();
+    assert_eq!(pass.statuses_sent, 1);
+    let ready = server.get("pods", "rt", "unsup").unwrap()["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Ready")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (ready["status"].as_str(), ready["reason"].as_str()),
+        (Some("False"), Some("UnsupportedField"))
+    );
+    assert!(
+        ready["message"]
+            .as_str()
+            .unwrap()
+            .contains("spec.volumes[0].secret"),
+        "{ready}"
+    );
+}

@@ -14,7 +14,9 @@ mod requests;
 mod schema;
 
 pub use objects::{ApplyStats, Change, StoredObject};
-pub use requests::{NewRequest, Recorded, RequestKind, RequestRecord, TERMINAL_STATES};
+pub use requests::{
+    NewRequest, QueuedStatus, Recorded, RequestKind, RequestRecord, TERMINAL_STATES,
+};
 pub use schema::{APPLICATION_ID, LATEST as SCHEMA_VERSION};
 
 use rusqlite::{Connection, OpenFlags};
@@ -265,6 +267,20 @@ impl Store {
         error: Option<&str>,
     ) -> Result<(), StoreError> {
         requests::set_state(&self.conn(), id, state, error)
+    }
+
+    /// Queues a pod status patch (replacing an older one for the same pod). Returns whether
+    /// anything was written: an unchanged status costs no write.
+    pub fn queue_status(&self, q: &QueuedStatus) -> Result<bool, StoreError> {
+        requests::queue_status(&self.conn(), q)
+    }
+
+    pub fn queued_statuses(&self) -> Result<Vec<QueuedStatus>, StoreError> {
+        requests::queued_statuses(&self.conn())
+    }
+
+    pub fn status_sent(&self, pod_uid: &str, patch: &str) -> Result<(), StoreError> {
+        requests::status_sent(&self.conn(), pod_uid, patch)
     }
 
     pub fn count(&self, kind: crate::object::Kind) -> Result<u64, StoreError> {

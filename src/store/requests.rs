@@ -179,3 +179,45 @@ pub fn set_state(
     .execute(params![id, state, error, now_ms()])?;
     Ok(())
 }
+
+/// A queued pod status patch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueuedStatus {
+    pub pod_uid: String,
+    pub namespace: String,
+    pub name: String,
+    pub patch: String,
+}
+
+pub fn queue_status(conn: &Connection, q: &QueuedStatus) -> Result<bool, StoreError> {
+    let n = conn
+        .prepare_cached(
+            "INSERT INTO status_queue (pod_uid, namespace, name, patch, queued_ms) VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT (pod_uid) DO UPDATE SET patch = excluded.patch, queued_ms = excluded.queued_ms
+             WHERE patch != excluded.patch",
+        )?
+        .execute(params![q.pod_uid, q.namespace, q.name, q.patch, now_ms()])?;
+    Ok(n > 0)
+}
+
+pub fn queued_statuses(conn: &Connection) -> Result<Vec<QueuedStatus>, StoreError> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT pod_uid, namespace, name, patch FROM status_queue ORDER BY queued_ms",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok(QueuedStatus {
+            pod_uid: r.get(0)?,
+            namespace: r.get(1)?,
+            name: r.get(2)?,
+            patch: r.get(3)?,
+        })
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// Removes a sent status, unless a newer one was queued meanwhile.
+pub fn status_sent(conn: &Connection, pod_uid: &str, patch: &str) -> Result<(), StoreError> {
+    conn.prepare_cached("DELETE FROM status_queue WHERE pod_uid = ?1 AND patch = ?2")?
+        .execute(params![pod_uid, patch])?;
+    Ok(())
+}

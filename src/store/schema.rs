@@ -51,6 +51,15 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX requests_by_pod ON requests (namespace, name, kind, id);
     CREATE UNIQUE INDEX requests_one_active ON requests (pod_uid, kind)
         WHERE state NOT IN ('Done', 'RolledBack', 'Failed');",
+    // 2 -> 3: pod status patches waiting for the link (latest per pod wins). The report
+    // issue turns this into the ordered outbox.
+    "CREATE TABLE status_queue (
+        pod_uid    TEXT PRIMARY KEY NOT NULL,
+        namespace  TEXT NOT NULL,
+        name       TEXT NOT NULL,
+        patch      TEXT NOT NULL,
+        queued_ms  INTEGER NOT NULL
+    ) WITHOUT ROWID;",
 ];
 
 /// The schema version this binary writes.
