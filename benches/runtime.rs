@@ -1,0 +1,260 @@
+//! Pod runtime benchmark, with the real containerd of scripts/cri-stack.sh (needs root):
+//! - time from a pod arriving in the cache to its container running, for 1 and 20 pods,
+//!   beside containerd's own RunPodSandbox + CreateContainer + StartContainer measured in the
+//!   same run;
+//! - RSS of `edgehub run` (the release binary) running 20 pods.
+//! Prints numbers; asserts nothing about time.
+//!
+//! Run: `cargo build --release --bin edgehub && cargo bench --bench runtime`.
+
+use edgehub::cri::{api, labels, CriClient, CriRuntime};
+use edgehub::object::Kind;
+use edgehub::runtime::Reconciler;
+use edgehub::store::{Change, OpenMode, Store, StoredObject};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const IMAGE: &str = "127.0.0.1:5000/busybox:1.0";
+
+fn stack() -> PathBuf {
+    let out = std::process::Command::new("bash")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/cri-stack.sh"))
+        .arg("start")
+        .output()
+        .expect("bash");
+    assert!(
+        out.status.success(),
+        "CRI stack: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .last()
+            .unwrap_or("")
+            .trim(),
+    )
+}
+
+fn pod(i: usize, tag: &str) -> Value {
+    json!({
+        "metadata": {"name": format!("bench-{tag}-{i}"), "namespace": "bench", "uid": format!("bench-{tag}-{i}-{}", std::process::id()),
+            "resourceVersion": "1",
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "ds", "uid": "ds", "controller": true}]},
+        "spec": {"nodeName": "edge-1", "hostNetwork": true, "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "app", "image": IMAGE, "imagePullPolicy": "IfNotPresent"}]},
+    })
+}
+
+async fn running_count(c: &CriClient, node: &str) -> usize {
+    c.list_containers(HashMap::from([(
+        labels::NODE.to_string(),
+        node.to_string(),
+    )]))
+    .await
+    .unwrap_or_default()
+    .iter()
+    .filter(|x| x.state == api::ContainerState::ContainerRunning as i32)
+    .count()
+}
+
+/// Cache -> running through the reconciler.
+async fn through_edgehub(socket: &Path, n: usize) -> Duration {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store =
+        Arc::new(Store::open(&dir.path().join("edgehub.db"), OpenMode::Normal).expect("store"));
+    let node = format!("bench-node-{n}-{}", std::process::id());
+    let c = CriClient::new(socket);
+    let mut r = Reconciler::new(
+        CriClient::new(socket),
+        store.clone(),
+        None,
+        dir.path().to_path_buf(),
+        node.clone(),
+    );
+    let pods: Vec<Value> = (0..n).map(|i| pod(i, &format!("e{n}"))).collect();
+    let start = Instant::now();
+    let changes: Vec<Change> = pods
+        .iter()
+        .map(|p| Change::Upsert(StoredObject::from_raw(Kind::Pod, p.to_string()).expect("pod")))
+        .collect();
+    store.apply(Kind::Pod, &changes, None).expect("apply");
+    while running_count(&c, &node).await < n {
+        r.reconcile().await.expect("reconcile");
+    }
+    let took = start.elapsed();
+    // Clean up: no pods desired.
+    let del: Vec<Change> = pods
+        .iter()
+        .map(|p| Change::Delete {
+            namespace: "bench".into(),
+            name: p["metadata"]["name"].as_str().unwrap_or("").into(),
+        })
+        .collect();
+    store.apply(Kind::Pod, &del, None).expect("apply");
+    r.reconcile().await.expect("cleanup");
+    took
+}
+
+/// The same work straight against containerd: sandbox, create, start.
+async fn containerd_alone(socket: &Path, n: usize) -> Duration {
+    let c = CriClient::new(socket);
+    let logs = tempfile::tempdir().expect("tempdir");
+    let start = Instant::now();
+    let mut made = Vec::new();
+    for i in 0..n {
+        let uid = format!("raw-{n}-{i}-{}", std::process::id());
+        let sb_cfg = api::PodSandboxConfig {
+            metadata: Some(api::PodSandboxMetadata {
+                name: format!("raw-{n}-{i}"),
+                uid: uid.clone(),
+                namespace: "bench".into(),
+                attempt: 0,
+            }),
+            log_directory: logs.path().display().to_string(),
+            labels: HashMap::from([("bench".to_string(), "raw".to_string())]),
+            linux: Some(api::LinuxPodSandboxConfig {
+                security_context: Some(api::LinuxSandboxSecurityContext {
+                    namespace_options: Some(api::NamespaceOption {
+                        network: api::NamespaceMode::Node as i32,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let sb = c.run_pod_sandbox(sb_cfg.clone()).await.expect("sandbox");
+        let cfg = api::ContainerConfig {
+            metadata: Some(api::ContainerMetadata {
+                name: "app".into(),
+                attempt: 0,
+            }),
+            image: Some(api::ImageSpec {
+                image: IMAGE.into(),
+                ..Default::default()
+            }),
+            log_path: format!("app-{i}.log"),
+            ..Default::default()
+        };
+        let id = c.create_container(&sb, cfg, sb_cfg).await.expect("create");
+        c.start_container(&id).await.expect("start");
+        made.push((sb, id));
+    }
+    let took = start.elapsed();
+    for (sb, id) in made {
+        let _ = c.stop_container(&id, 0).await;
+        let _ = c.remove_container(&id).await;
+        let _ = c.stop_pod_sandbox(&sb).await;
+        let _ = c.remove_pod_sandbox(&sb).await;
+    }
+    took
+}
+
+async fn rss_of_edgehub_with_20_pods(socket: &Path) -> Option<u64> {
+    let bin = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/edgehub");
+    if !bin.exists() {
+        println!("RSS: build the release binary first (cargo build --release --bin edgehub)");
+        return None;
+    }
+    let server = edgehub_testsupport::FakeApiServer::start()
+        .await
+        .expect("fake apiserver");
+    for i in 0..20 {
+        server.apply("pods", pod(i, "rss"));
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kc = server
+        .write_kubeconfig(&dir.path().join("kube"), edgehub_testsupport::NODE_TOKEN)
+        .expect("kubeconfig");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .ok()?
+        .local_addr()
+        .ok()?
+        .port();
+    let mut child = std::process::Command::new(&bin)
+        .args([
+            "--node-name",
+            "edge-1",
+            "--api-addr",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .arg("--kubeconfig")
+        .arg(&kc)
+        .arg("--cri-socket")
+        .arg(socket)
+        .arg("run")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .ok()?;
+    let c = CriClient::new(socket);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while running_count(&c, "edge-1").await < 20 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let status =
+        std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap_or_default();
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
+    let running = running_count(&c, "edge-1").await;
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+    // The pods stay in containerd after edgehub exits (they are meant to): remove them.
+    for sb in c
+        .list_pod_sandbox(HashMap::from([(
+            labels::NODE.to_string(),
+            "edge-1".to_string(),
+        )]))
+        .await
+        .unwrap_or_default()
+    {
+        let _ = c.stop_pod_sandbox(&sb.id).await;
+        let _ = c.remove_pod_sandbox(&sb.id).await;
+    }
+    println!(
+        "edgehub run with {running} running pods: VmRSS {} KiB",
+        rss.unwrap_or(0)
+    );
+    rss
+}
+
+fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("runtime benchmark: run with `cargo bench --bench runtime` (root, containerd test stack)");
+        return;
+    }
+    let socket = stack();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        // Warm up: the image is pulled and the sandbox image is present.
+        let _ = through_edgehub(&socket, 1).await;
+        for n in [1, 20] {
+            let eh = through_edgehub(&socket, n).await;
+            let raw = containerd_alone(&socket, n).await;
+            println!(
+                "{n} pod(s): cache -> running {:.0} ms through edgehub; containerd's own sandbox+create+start {:.0} ms; edgehub adds {:.0} ms ({:.1} ms per pod)",
+                eh.as_secs_f64() * 1000.0,
+                raw.as_secs_f64() * 1000.0,
+                (eh.as_secs_f64() - raw.as_secs_f64()) * 1000.0,
+                (eh.as_secs_f64() - raw.as_secs_f64()) * 1000.0 / n as f64
+            );
+        }
+        rss_of_edgehub_with_20_pods(&socket).await;
+    });
+}
