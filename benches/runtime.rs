@@ -3,6 +3,7 @@
 //!   beside containerd's own RunPodSandbox + CreateContainer + StartContainer measured in the
 //!   same run;
 //! - RSS of `edgehub run` (the release binary) running 20 pods.
+//!
 //! Prints numbers; asserts nothing about time.
 //!
 //! Run: `cargo build --release --bin edgehub && cargo bench --bench runtime`.
