@@ -95,6 +95,15 @@ pub struct PodPlan {
     pub grace_period_secs: i64,
 }
 
+/// The elements of the array at `key` with their index; none when absent or not an array.
+fn items<'a>(v: &'a Value, key: &str) -> impl Iterator<Item = (usize, &'a Value)> {
+    v.get(key)
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+}
+
 fn s<'a>(v: &'a Value, p: &str) -> &'a str {
     v.pointer(p).and_then(Value::as_str).unwrap_or("")
 }
@@ -261,20 +270,8 @@ pub fn translate(pod: &Value, ctx: &PodContext) -> Result<PodPlan, Unsupported> 
 
 fn collect_ports(spec: &Value) -> Result<Vec<api::PortMapping>, Unsupported> {
     let mut out = Vec::new();
-    for (ci, c) in spec
-        .get("containers")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .enumerate()
-    {
-        for (pi, p) in c
-            .get("ports")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .enumerate()
-        {
+    for (ci, c) in items(spec, "containers") {
+        for (pi, p) in items(c, "ports") {
             let field = format!("spec.containers[{ci}].ports[{pi}]");
             let protocol = match s(p, "/protocol") {
                 "" | "TCP" => api::Protocol::Tcp,
@@ -299,13 +296,7 @@ fn collect_ports(spec: &Value) -> Result<Vec<api::PortMapping>, Unsupported> {
 
 fn volumes(spec: &Value, ctx: &PodContext) -> Result<Vec<VolumePlan>, Unsupported> {
     let mut out = Vec::new();
-    for (i, v) in spec
-        .get("volumes")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .enumerate()
-    {
+    for (i, v) in items(spec, "volumes") {
         let name = s(v, "/name").to_string();
         let field = format!("spec.volumes[{i}]");
         if let Some(hp) = v.get("hostPath") {
@@ -576,13 +567,7 @@ fn container(
             .unwrap_or_default()
     };
     let mut envs = Vec::new();
-    for (i, e) in c
-        .get("env")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .enumerate()
-    {
+    for (i, e) in items(c, "env") {
         let f = format!("{field}.env[{i}]");
         envs.push(api::KeyValue {
             key: s(e, "/name").to_string(),
@@ -590,13 +575,7 @@ fn container(
         });
     }
     let mut mounts = Vec::new();
-    for (i, m) in c
-        .get("volumeMounts")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .enumerate()
-    {
+    for (i, m) in items(c, "volumeMounts") {
         let vname = s(m, "/name");
         let vol = volumes
             .iter()
