@@ -477,3 +477,72 @@ async fn run_registers_the_node_and_keeps_its_lease_fresh() {
     .await;
     kill9(&mut child);
 }
+
+/// kubeedge#3618: after a reboot with no link, the node's pods must come back.
+#[tokio::test]
+async fn a_restart_with_the_apiserver_unreachable_brings_the_pods_back() {
+    use edgehub::cri::{api, labels, CriClient, CriRuntime};
+    use std::collections::HashMap;
+    let env = Env::new().await;
+    let socket = common::cri_stack();
+    let node = format!("edge-reboot-{}", std::process::id());
+    env.server.apply(
+        "pods",
+        serde_json::json!({
+            "metadata": {"name": "svc", "namespace": "vehicle", "uid": format!("reboot-{}", std::process::id()),
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "svc", "uid": "ds-svc", "controller": true}]},
+            "spec": {"nodeName": node, "hostNetwork": true, "automountServiceAccountToken": false,
+                "terminationGracePeriodSeconds": 0,
+                "containers": [{"name": "app", "image": "127.0.0.1:5000/busybox:1.0", "imagePullPolicy": "IfNotPresent"}]}
+        }),
+    );
+    let text = std::fs::read_to_string(&env.config).unwrap().replace(
+        "node_name = \"edge-1\"",
+        &format!(
+            "node_name = \"{node}\"\ncri_socket = \"{}\"",
+            socket.display()
+        ),
+    );
+    std::fs::write(&env.config, text).unwrap();
+    let c = CriClient::new(&socket);
+    let mine = HashMap::from([(labels::NODE.to_string(), node.clone())]);
+    let running = |c: CriClient, sel: HashMap<String, String>| async move {
+        c.list_containers(sel)
+            .await
+            .unwrap_or_default()
+            .iter()
+            .filter(|x| x.state == api::ContainerState::ContainerRunning as i32)
+            .count()
+    };
+
+    let mut child = env.spawn_run(&[]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while running(c.clone(), mine.clone()).await == 0 {
+        assert!(std::time::Instant::now() < deadline, "the pod runs");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    kill9(&mut child);
+
+    // The reboot: containers and sandboxes are gone, and so is the link.
+    for sb in c.list_pod_sandbox(mine.clone()).await.unwrap() {
+        c.stop_pod_sandbox(&sb.id).await.unwrap();
+        c.remove_pod_sandbox(&sb.id).await.unwrap();
+    }
+    assert_eq!(running(c.clone(), mine.clone()).await, 0);
+    env.server.set_offline(true).await.unwrap();
+
+    let mut child = env.spawn_run(&[]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while running(c.clone(), mine.clone()).await == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the pod comes back from the cache with no apiserver"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    kill9(&mut child);
+    for sb in c.list_pod_sandbox(mine).await.unwrap() {
+        let _ = c.stop_pod_sandbox(&sb.id).await;
+        let _ = c.remove_pod_sandbox(&sb.id).await;
+    }
+}
