@@ -6,6 +6,8 @@
 //! deadline.
 
 mod client;
+#[cfg(test)]
+pub mod fake;
 mod health;
 
 pub use client::CriClient;
