@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # The main job end to end on an embedded default:
-#   1. the project's test apiserver (TLS, seeded with the recorded cluster: node edge-1, two
-#      DaemonSet pods, their DaemonSets and revisions) and edgehub syncing it into SQLite;
-#   2. the operator rolls the OTA DaemonSet `telemetry` to a new image;
-#   3. the link to the cloud goes down; the OTA manager asks edgehub, over OpenYurt's local
+#   1. its own containerd, local registry and images (scripts/cri-stack.sh), and the project's
+#      test apiserver (TLS, seeded with the recorded cluster: node edge-1, two DaemonSet pods,
+#      their DaemonSets and revisions);
+#   2. edgehub registers the node, syncs the cluster into SQLite and runs the node's pods in
+#      containerd;
+#   3. the operator rolls the OTA DaemonSet `telemetry` to a new image;
+#   4. the link to the cloud goes down; the OTA manager asks edgehub, over OpenYurt's local
 #      API, which pods need an upgrade, and triggers one, all offline;
-#   4. edgehub restarts with the link still down and resumes from its cache.
-# Run as root on Debian 12. Everything lives under ./.demo and is stopped on exit.
-# The container runtime steps (containerd, registry, images) join this script with the pod
-# runtime; today the upgrade stops at "Requested".
+#   5. edgehub restarts with the link still down and serves and runs from its cache.
+# Run as root on Debian 12. Everything lives under ./.demo and target/cri-stack and is stopped
+# on exit. The upgrade itself stops at "Requested" until the upgrade engine lands.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 log() { printf '\n==> %s\n' "$*"; }
@@ -30,32 +32,49 @@ cargo build --release --locked --quiet --bin fake-apiserver -p edgehub-testsuppo
 work=.demo
 rm -rf "$work" && mkdir -p "$work"
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+cleanup() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    bash scripts/cri-stack.sh stop >/dev/null 2>&1 || true
+}
 trap cleanup EXIT
 api=127.0.0.1:10267
+
+log "starting containerd, a local registry and test images (scripts/cri-stack.sh)"
+cri=$(bash scripts/cri-stack.sh start)
+echo "CRI socket: $cri"
 eh() { target/release/edgehub --node-name edge-1 --data-dir "$PWD/$work/data" \
-        --kubeconfig "$PWD/$work/kube/kubeconfig" --api-addr "$api" "$@"; }
+        --kubeconfig "$PWD/$work/kube/kubeconfig" --api-addr "$api" --cri-socket "$cri" "$@"; }
 run_edgehub() {
     eh run >>"$work/edgehub.log" 2>&1 &
     pids+=($!)
     edgehub_pid=$!
-    for _ in $(seq 100); do curl -sf "http://$api/v1/healthz" >/dev/null 2>&1 && return; sleep 0.1; done
+    for _ in $(seq 100); do
+        # Our process, not another one on the same port, must be the one answering.
+        kill -0 "$edgehub_pid" 2>/dev/null || { tail -n 3 "$work/edgehub.log" >&2; echo "error: edgehub exited" >&2; exit 1; }
+        curl -sf "http://$api/v1/healthz" >/dev/null 2>&1 && return
+        sleep 0.1
+    done
     echo "edgehub did not come up; see $work/edgehub.log" >&2; exit 1
 }
 
-log "starting the test apiserver on 127.0.0.1:16443 (it rolls telemetry after 4 s)"
+log "starting the test apiserver on 127.0.0.1:16443 (it rolls telemetry after 6 s)"
 target/release/fake-apiserver --listen 127.0.0.1:16443 --kubeconfig-dir "$work/kube" \
-    --roll-telemetry-after 4 >"$work/apiserver.log" 2>&1 &
+    --runnable-pods --roll-telemetry-after 6 >"$work/apiserver.log" 2>&1 &
 apiserver_pid=$!
 pids+=($apiserver_pid)
 for _ in $(seq 100); do [ -f "$work/kube/kubeconfig" ] && break; sleep 0.1; done
 head -n 1 "$work/apiserver.log"
 
-log "edgehub run: list + watch into $work/data/edgehub.db; local API on $api"
+log "edgehub run: node registration, list + watch into $work/data/edgehub.db, pods in containerd"
 run_edgehub
-sleep 1
+sleep 2
 sqlite3 -column -header "$work/data/edgehub.db" \
     "SELECT kind, namespace, name, resource_version AS rv, revision_hash AS hash, revision FROM objects ORDER BY kind, name;"
+log "the pods run in containerd (their CRI logs):"
+for f in "$work"/data/pods/*/logs/*.log; do
+    [ -f "$f" ] && printf '%s: %s\n' "${f#"$work"/data/pods/}" "$(tail -n 1 "$f")"
+done
 
 log "waiting for the operator to roll the telemetry DaemonSet"
 for _ in $(seq 100); do grep -q rolled "$work/apiserver.log" && break; sleep 0.1; done

@@ -188,6 +188,14 @@ pub fn status_text(body: &str) -> Result<String, String> {
         out.push_str(&format!(" ({r})"));
     }
     out.push('\n');
+    let rt = &v["runtime"];
+    if let Some(state) = rt["state"].as_str() {
+        out.push_str(&format!("runtime: {state}"));
+        if let Some(x) = rt["version"].as_str().or(rt["reason"].as_str()) {
+            out.push_str(&format!(" ({x})"));
+        }
+        out.push('\n');
+    }
     let c = &v["cache"];
     out.push_str(&format!(
         "cache:  {} pods, {} DaemonSets, {} ControllerRevisions, {} nodes\n",
@@ -248,11 +256,12 @@ mod tests {
 
     #[test]
     fn status_text_lists_link_cache_and_requests() {
-        let body = r#"{"node":"edge-1","link":{"state":"Offline","reason":"refused"},
+        let body = r#"{"node":"edge-1","link":{"state":"Offline","reason":"refused"},"runtime":{"state":"Ready","version":"containerd://1.6.20"},
             "cache":{"pods":2,"daemonSets":2,"controllerRevisions":3,"nodes":1},
             "activeRequests":[{"id":1,"kind":"upgrade","namespace":"vehicle","name":"p","from":"a","to":"b","state":"Requested"}]}"#;
         let t = status_text(body).unwrap();
         assert!(t.contains("link:   Offline (refused)"));
+        assert!(t.contains("runtime: Ready (containerd://1.6.20)"));
         assert!(t.contains("2 pods, 2 DaemonSets, 3 ControllerRevisions, 1 nodes"));
         assert!(t.contains("upgrade vehicle/p a -> b [Requested] (request 1)"));
     }
