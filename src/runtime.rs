@@ -70,6 +70,8 @@ pub struct Pass {
     pub pods_finalized: usize,
     /// Pod status patches delivered to the apiserver.
     pub statuses_sent: usize,
+    /// Warning Events delivered to the apiserver.
+    pub events_sent: usize,
     /// Pods that cannot run, and why.
     pub unsupported: Vec<(String, Unsupported)>,
 }
@@ -92,6 +94,8 @@ pub struct Reconciler<R: CriRuntime> {
     pub backoff: BackoffPolicy,
     restarts: HashMap<(String, String), Restarts>,
     reported: HashSet<String>,
+    /// Warning Events not yet delivered, by pod uid: sent while the link is up.
+    events: HashMap<String, Value>,
 }
 
 /// The label selector of this node's edgehub objects.
@@ -127,6 +131,7 @@ impl<R: CriRuntime> Reconciler<R> {
             backoff: BackoffPolicy::default(),
             restarts: HashMap::new(),
             reported: HashSet::new(),
+            events: HashMap::new(),
         }
     }
 
@@ -208,6 +213,10 @@ impl<R: CriRuntime> Reconciler<R> {
                     if self.reported.insert(pod.index.uid.clone()) {
                         tracing::warn!(pod = %pod.index.name, namespace = %pod.index.namespace, field = %u.field, reason = %u.reason,
                             "pod cannot run on edgehub");
+                        self.events.insert(
+                            pod.index.uid.clone(),
+                            unsupported_event(pod, &u, &self.node_name, &crate::time::now()),
+                        );
                     }
                     self.queue_status(pod, unsupported_status(&u))?;
                     pass.unsupported.push((pod.index.name.clone(), u));
@@ -252,7 +261,50 @@ impl<R: CriRuntime> Reconciler<R> {
             }
         }
         pass.statuses_sent = self.send_statuses().await?;
+        pass.events_sent = self.send_events().await;
         Ok(pass)
+    }
+
+    /// Delivers pending Events while the apiserver answers; keeps them otherwise. The Event's
+    /// name is fixed per pod, so a resend after a restart is an AlreadyExists, not a duplicate.
+    async fn send_events(&mut self) -> usize {
+        let Some(client) = &self.client else {
+            return 0;
+        };
+        let mut sent = 0;
+        let pending: Vec<(String, Value)> = self
+            .events
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for (uid, ev) in pending {
+            let ns = ev["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("")
+                .to_string();
+            match client
+                .create(
+                    &crate::kube::resource::EVENTS,
+                    Some(&ns),
+                    ev.to_string().into_bytes(),
+                )
+                .await
+            {
+                Ok(_) => {
+                    sent += 1;
+                    self.events.remove(&uid);
+                }
+                Err(e) if e.code() == Some(409) => {
+                    self.events.remove(&uid);
+                }
+                Err(e) if e.is_offline() => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot post an Event; will retry");
+                    break;
+                }
+            }
+        }
+        sent
     }
 
     /// Queues the pod's status if it differs from what the apiserver has (as cached).
@@ -806,6 +858,24 @@ pub fn unsupported_status(u: &Unsupported) -> Value {
         "conditions": [
             {"type": "Ready", "status": "False", "reason": "UnsupportedField", "message": format!("edgehub cannot run this pod: {u}")},
         ],
+    })
+}
+
+/// The Warning Event about a pod edgehub cannot run.
+pub fn unsupported_event(pod: &StoredObject, u: &Unsupported, node: &str, now: &str) -> Value {
+    let ix = &pod.index;
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": format!("{}.edgehub-unsupported", ix.name), "namespace": ix.namespace},
+        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": ix.namespace, "name": ix.name, "uid": ix.uid},
+        "reason": "UnsupportedField",
+        "message": format!("edgehub cannot run this pod: {u}"),
+        "type": "Warning",
+        "source": {"component": "edgehub", "host": node},
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
     })
 }
 

@@ -478,4 +478,19 @@ async fn an_unsupported_pod_gets_a_condition_naming_the_field() {
             .contains("spec.volumes[0].secret"),
         "{ready}"
     );
+    // And a Warning Event about it, posted by the node.
+    assert_eq!(pass.events_sent, 1);
+    let ev = server
+        .get("events", "rt", "unsup.edgehub-unsupported")
+        .expect("the Event exists");
+    assert_eq!(
+        (ev["type"].as_str(), ev["reason"].as_str()),
+        (Some("Warning"), Some("UnsupportedField"))
+    );
+    assert_eq!(ev["involvedObject"]["uid"], id.as_str());
+    assert!(ev["message"]
+        .as_str()
+        .unwrap()
+        .contains("spec.volumes[0].secret"));
+    assert_eq!(r.reconcile().await.unwrap().events_sent, 0, "sent once");
 }
