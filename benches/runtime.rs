@@ -8,37 +8,20 @@
 //!
 //! Run: `cargo build --release --bin edgehub && cargo bench --bench runtime`.
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 use edgehub::cri::{api, labels, CriClient, CriRuntime};
 use edgehub::object::Kind;
 use edgehub::runtime::Reconciler;
 use edgehub::store::{Change, OpenMode, Store, StoredObject};
 use serde_json::{json, Value};
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const IMAGE: &str = "127.0.0.1:5000/busybox:1.0";
-
-fn stack() -> PathBuf {
-    let out = std::process::Command::new("bash")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/cri-stack.sh"))
-        .arg("start")
-        .output()
-        .expect("bash");
-    assert!(
-        out.status.success(),
-        "CRI stack: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .last()
-            .unwrap_or("")
-            .trim(),
-    )
-}
 
 fn pod(i: usize, tag: &str) -> Value {
     json!({
@@ -236,7 +219,7 @@ fn main() {
         println!("runtime benchmark: run with `cargo bench --bench runtime` (root, containerd test stack)");
         return;
     }
-    let socket = stack();
+    let socket = common::cri_stack();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -77,6 +77,23 @@ fn env() -> Env {
     }
 }
 
+/// A fake apiserver and a client for it, as the node identity.
+async fn cloud(
+    e: &Env,
+) -> (
+    edgehub_testsupport::FakeApiServer,
+    tempfile::TempDir,
+    edgehub::kube::ApiClient,
+) {
+    let server = edgehub_testsupport::FakeApiServer::start().await.unwrap();
+    let kdir = tempfile::tempdir().unwrap();
+    let kc = server
+        .write_kubeconfig(kdir.path(), edgehub_testsupport::NODE_TOKEN)
+        .unwrap();
+    let client = common::client(&common::test_config(&e.data, &kc));
+    (server, kdir, client)
+}
+
 fn reconciler(e: &Env, client: Option<edgehub::kube::ApiClient>) -> Reconciler<CriClient> {
     let mut r = Reconciler::new(
         CriClient::new(&e.socket),
@@ -234,12 +251,7 @@ async fn after_a_reboot_without_a_link_pods_come_back_from_the_cache() {
 async fn a_pod_deleted_in_the_cloud_is_stopped_and_its_deletion_finished() {
     let e = env();
     let c = CriClient::new(&e.socket);
-    let server = edgehub_testsupport::FakeApiServer::start().await.unwrap();
-    let kdir = tempfile::tempdir().unwrap();
-    let kc = server
-        .write_kubeconfig(kdir.path(), edgehub_testsupport::NODE_TOKEN)
-        .unwrap();
-    let client = common::client(&common::test_config(&e.data, &kc));
+    let (server, _kdir, client) = cloud(&e).await;
     let id = uid("del");
     let p = pod("deleted", &id, "127.0.0.1:5000/busybox:1.0");
     server.apply("pods", p.clone());
@@ -370,12 +382,7 @@ async fn a_missing_cri_socket_is_an_error_and_reconciling_recovers() {
 async fn pod_status_reaches_the_apiserver_and_waits_while_offline() {
     let e = env();
     let c = CriClient::new(&e.socket);
-    let server = edgehub_testsupport::FakeApiServer::start().await.unwrap();
-    let kdir = tempfile::tempdir().unwrap();
-    let kc = server
-        .write_kubeconfig(kdir.path(), edgehub_testsupport::NODE_TOKEN)
-        .unwrap();
-    let client = common::client(&common::test_config(&e.data, &kc));
+    let (server, _kdir, client) = cloud(&e).await;
     let id = uid("status");
     let mut p = pod("status", &id, "127.0.0.1:5000/busybox:1.0");
     p["spec"]["nodeName"] = json!("edge-1");
@@ -446,12 +453,7 @@ async fn pod_status_reaches_the_apiserver_and_waits_while_offline() {
 #[tokio::test]
 async fn an_unsupported_pod_gets_a_condition_naming_the_field() {
     let e = env();
-    let server = edgehub_testsupport::FakeApiServer::start().await.unwrap();
-    let kdir = tempfile::tempdir().unwrap();
-    let kc = server
-        .write_kubeconfig(kdir.path(), edgehub_testsupport::NODE_TOKEN)
-        .unwrap();
-    let client = common::client(&common::test_config(&e.data, &kc));
+    let (server, _kdir, client) = cloud(&e).await;
     let id = uid("unsup");
     let mut p = pod("unsup", &id, "127.0.0.1:5000/busybox:1.0");
     p["spec"]["volumes"] = json!([{"name": "s", "secret": {"secretName": "x"}}]);
