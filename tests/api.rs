@@ -20,6 +20,14 @@ struct Api {
 }
 
 async fn start_api(h: &Harness, token: Option<&str>) -> Api {
+    start_api_with(h, token, ready_runtime()).await
+}
+
+async fn start_api_with(
+    h: &Harness,
+    token: Option<&str>,
+    cri: tokio::sync::watch::Receiver<edgehub::cri::CriHealth>,
+) -> Api {
     let mut cfg = h.config.clone();
     cfg.api_addr = "127.0.0.1:0".parse().unwrap();
     let mut ls = listen::bind(&cfg).await.unwrap();
@@ -34,7 +42,7 @@ async fn start_api(h: &Harness, token: Option<&str>) -> Api {
         metrics: Default::default(),
         token: token.map(str::to_string),
         node_name: "edge-1".into(),
-        cri: ready_runtime(),
+        cri,
     });
     let (tx, rx) = tokio::sync::watch::channel(false);
     tokio::spawn(api::serve(Listener::Tcp(tcp), state, rx));
@@ -468,22 +476,11 @@ async fn readyz_says_why_when_the_runtime_is_down() {
     let mut h = Harness::new().await;
     h.start();
     h.wait_converged().await;
-    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = tcp.local_addr().unwrap();
     let (cri_tx, cri) = tokio::sync::watch::channel(edgehub::cri::CriHealth::Unavailable {
         reason: "CRI socket /run/containerd/containerd.sock: runtime unavailable: No such file or directory".into(),
     });
-    let state = Arc::new(ApiState {
-        store: h.store.clone().unwrap(),
-        link: h.sync().link.clone(),
-        sync_stats: vec![],
-        metrics: Default::default(),
-        token: None,
-        node_name: "edge-1".into(),
-        cri,
-    });
-    let (_tx, rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(api::serve(Listener::Tcp(tcp), state, rx));
+    let api = start_api_with(&h, None, cri).await;
+    let addr = api.addr;
     let a = call(addr, "GET", "/v1/readyz").await;
     assert_eq!(a.status, 503);
     assert!(
