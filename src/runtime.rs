@@ -193,14 +193,19 @@ impl<R: CriRuntime> Reconciler<R> {
 
         let mut wanted = HashSet::new();
         for pod in &pods {
-            let raw: Value = match serde_json::from_str(&pod.raw) {
-                Ok(v) => v,
-                Err(_) => continue,
-            };
             if pod.index.deleting {
                 continue;
             }
+            // Wanted even if its JSON cannot be read: an unreadable cache row must not stop a
+            // running pod.
             wanted.insert(pod.index.uid.clone());
+            let raw: Value = match serde_json::from_str(&pod.raw) {
+                Ok(v) => v,
+                Err(e) => {
+                    tracing::warn!(pod = %pod.index.name, error = %e, "cached pod is not valid JSON; leaving it as it runs");
+                    continue;
+                }
+            };
             match self
                 .ensure_pod(pod, &raw, &sandboxes, &containers, &mut pass)
                 .await
