@@ -60,7 +60,7 @@ run_edgehub() {
 
 log "starting the test apiserver on 127.0.0.1:16443 (it rolls telemetry after 6 s)"
 target/release/fake-apiserver --listen 127.0.0.1:16443 --kubeconfig-dir "$work/kube" \
-    --runnable-pods --roll-telemetry-after 6 >"$work/apiserver.log" 2>&1 &
+    --roll-telemetry-after 6 >"$work/apiserver.log" 2>&1 &
 apiserver_pid=$!
 pids+=($apiserver_pid)
 for _ in $(seq 100); do [ -f "$work/kube/kubeconfig" ] && break; sleep 0.1; done

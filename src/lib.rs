@@ -27,6 +27,8 @@ pub mod object;
 pub mod podspec;
 pub mod revision;
 pub mod runtime;
+pub mod sources;
 pub mod store;
 pub mod sync;
 pub mod time;
+pub mod volumes;

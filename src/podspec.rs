@@ -5,6 +5,7 @@
 //! other pods instead of running something different from what was asked.
 
 use crate::cri::{api, labels};
+use crate::sources::{self, Data, Lookup, RegistryAuth, Sources};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -24,6 +25,27 @@ fn unsupported(field: impl Into<String>, reason: impl Into<String>) -> Unsupport
     }
 }
 
+/// Something the pod references that edgehub does not have (yet): a ConfigMap, Secret or
+/// service-account token that was never fetched, or that the apiserver says does not exist.
+/// Unlike [`Unsupported`] this can clear up by itself once the link returns.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct Missing {
+    /// The condition reason: `ConfigMapUnavailable`, `SecretUnavailable` or
+    /// `ServiceAccountTokenUnavailable`.
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// Why a pod cannot be planned.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    #[error(transparent)]
+    Unsupported(#[from] Unsupported),
+    #[error(transparent)]
+    Missing(#[from] Missing),
+}
+
 /// What the translation needs besides the pod.
 #[derive(Debug, Clone)]
 pub struct PodContext {
@@ -35,6 +57,11 @@ pub struct PodContext {
     pub log_dir: PathBuf,
     /// Sandbox attempt: bumped each time the sandbox is recreated.
     pub attempt: u32,
+    /// The sandbox's address when it has its own network namespace (CNI); host-network pods
+    /// use `host_ip`.
+    pub pod_ip: Option<String>,
+    /// The ConfigMaps, Secrets and tokens the pod references, as cached.
+    pub sources: Sources,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,12 +89,38 @@ pub enum VolumePlan {
     },
     /// `emptyDir`: a directory under the pod's volume dir.
     EmptyDir { name: String, path: PathBuf },
+    /// `configMap`, `secret`, `downwardAPI` and `projected`: files edgehub writes (and
+    /// rewrites atomically when their sources change) under the pod's volume dir.
+    Files {
+        name: String,
+        path: PathBuf,
+        files: Vec<VolumeFile>,
+    },
+}
+
+/// One file of a [`VolumePlan::Files`] volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeFile {
+    /// Relative, without `..` (checked).
+    pub path: String,
+    pub data: Vec<u8>,
+    pub mode: u32,
 }
 
 impl VolumePlan {
+    pub fn name(&self) -> &str {
+        match self {
+            VolumePlan::HostPath { name, .. }
+            | VolumePlan::EmptyDir { name, .. }
+            | VolumePlan::Files { name, .. } => name,
+        }
+    }
+
     pub fn host_path(&self) -> &PathBuf {
         match self {
-            VolumePlan::HostPath { path, .. } | VolumePlan::EmptyDir { path, .. } => path,
+            VolumePlan::HostPath { path, .. }
+            | VolumePlan::EmptyDir { path, .. }
+            | VolumePlan::Files { path, .. } => path,
         }
     }
 }
@@ -78,6 +131,9 @@ pub struct ContainerPlan {
     pub name: String,
     pub image: String,
     pub pull_policy: PullPolicy,
+    /// Registry credentials from the pod's imagePullSecrets, when one names the image's
+    /// registry.
+    pub auth: Option<RegistryAuth>,
     pub config: api::ContainerConfig,
 }
 
@@ -93,6 +149,9 @@ pub struct PodPlan {
     pub volumes: Vec<VolumePlan>,
     pub restart_policy: RestartPolicy,
     pub grace_period_secs: i64,
+    pub host_network: bool,
+    /// The node's address for host-network pods, the sandbox's for the others (once known).
+    pub pod_ip: Option<String>,
 }
 
 /// The elements of the array at `key` with their index; none when absent or not an array.
@@ -133,14 +192,14 @@ const UNSUPPORTED_CONTAINER_FIELDS: &[&str] = &[
 ];
 
 /// Translates a cached pod.
-pub fn translate(pod: &Value, ctx: &PodContext) -> Result<PodPlan, Unsupported> {
+pub fn translate(pod: &Value, ctx: &PodContext) -> Result<PodPlan, PlanError> {
     let spec = pod
         .get("spec")
         .filter(|s| s.is_object())
         .ok_or_else(|| unsupported("spec", "missing"))?;
     for f in UNSUPPORTED_POD_FIELDS {
         if spec.get(*f).is_some_and(|v| !v.is_null()) {
-            return Err(unsupported(format!("spec.{f}"), "not supported by edgehub"));
+            return Err(unsupported(format!("spec.{f}"), "not supported by edgehub").into());
         }
     }
     let uid = s(pod, "/metadata/uid").to_string();
@@ -148,12 +207,6 @@ pub fn translate(pod: &Value, ctx: &PodContext) -> Result<PodPlan, Unsupported> 
     let name = s(pod, "/metadata/name").to_string();
     let flag = |k: &str| spec.get(k).and_then(Value::as_bool).unwrap_or(false);
     let host_network = flag("hostNetwork");
-    if !host_network {
-        return Err(unsupported(
-            "spec.hostNetwork",
-            "only host-network pods are run (pod networking through CNI is not set up yet)",
-        ));
-    }
     let mode = |on: bool| {
         if on {
             api::NamespaceMode::Node as i32
@@ -166,10 +219,9 @@ pub fn translate(pod: &Value, ctx: &PodContext) -> Result<PodPlan, Unsupported> 
         "OnFailure" => RestartPolicy::OnFailure,
         "Never" => RestartPolicy::Never,
         other => {
-            return Err(unsupported(
-                "spec.restartPolicy",
-                format!("unknown value {other:?}"),
-            ))
+            return Err(
+                unsupported("spec.restartPolicy", format!("unknown value {other:?}")).into(),
+            )
         }
     };
     let grace_period_secs = spec
@@ -200,8 +252,15 @@ pub fn translate(pod: &Value, ctx: &PodContext) -> Result<PodPlan, Unsupported> 
             attempt: ctx.attempt,
         }),
         // Host-network pods leave the hostname empty, as the kubelet does (runc cannot set a
-        // hostname without a private UTS namespace).
-        hostname: String::new(),
+        // hostname without a private UTS namespace); others get spec.hostname or the name.
+        hostname: if host_network {
+            String::new()
+        } else {
+            match s(spec, "/hostname") {
+                "" => name.clone(),
+                h => h.to_string(),
+            }
+        },
         log_directory: ctx.log_dir.display().to_string(),
         port_mappings: pod_ports,
         labels: sandbox_labels.clone(),
@@ -225,7 +284,13 @@ pub fn translate(pod: &Value, ctx: &PodContext) -> Result<PodPlan, Unsupported> 
         ..Default::default()
     };
 
-    let volumes = volumes(spec, ctx)?;
+    let volumes = volumes(pod, spec, ctx)?;
+    let pull_secrets: Vec<&Data> = items(spec, "imagePullSecrets")
+        .filter_map(|(_, p)| match ctx.sources.secret(s(p, "/name")) {
+            Lookup::Found(d) => Some(d),
+            _ => None,
+        })
+        .collect();
     let mut plans = Vec::new();
     for (field, init) in [("initContainers", true), ("containers", false)] {
         let list = spec
@@ -240,9 +305,9 @@ pub fn translate(pod: &Value, ctx: &PodContext) -> Result<PodPlan, Unsupported> 
                 c,
                 &format!("spec.{field}[{i}]"),
                 &volumes,
-                &uid,
                 ctx,
                 init,
+                &pull_secrets,
             )?);
         }
         plans.push(out);
@@ -250,10 +315,7 @@ pub fn translate(pod: &Value, ctx: &PodContext) -> Result<PodPlan, Unsupported> 
     let containers = plans.pop().unwrap_or_default();
     let init_containers = plans.pop().unwrap_or_default();
     if containers.is_empty() {
-        return Err(unsupported(
-            "spec.containers",
-            "a pod needs at least one container",
-        ));
+        return Err(unsupported("spec.containers", "a pod needs at least one container").into());
     }
     Ok(PodPlan {
         uid,
@@ -265,6 +327,12 @@ pub fn translate(pod: &Value, ctx: &PodContext) -> Result<PodPlan, Unsupported> 
         volumes,
         restart_policy,
         grace_period_secs,
+        host_network,
+        pod_ip: if host_network {
+            ctx.host_ip.clone()
+        } else {
+            ctx.pod_ip.clone()
+        },
     })
 }
 
@@ -294,18 +362,30 @@ fn collect_ports(spec: &Value) -> Result<Vec<api::PortMapping>, Unsupported> {
     Ok(out)
 }
 
-fn volumes(spec: &Value, ctx: &PodContext) -> Result<Vec<VolumePlan>, Unsupported> {
+fn volumes(pod: &Value, spec: &Value, ctx: &PodContext) -> Result<Vec<VolumePlan>, PlanError> {
     let mut out = Vec::new();
     for (i, v) in items(spec, "volumes") {
         let name = s(v, "/name").to_string();
         let field = format!("spec.volumes[{i}]");
+        let mode_of = |key: &str, default: u32| -> Result<u32, Unsupported> {
+            match v.pointer(key) {
+                None | Some(Value::Null) => Ok(default),
+                Some(m) => file_mode(m, &format!("{field}{}", key.replace('/', "."))),
+            }
+        };
+        let files_at = |kind: &str, files: Vec<VolumeFile>| VolumePlan::Files {
+            path: ctx.volume_dir.join(kind).join(&name),
+            name: name.clone(),
+            files,
+        };
         if let Some(hp) = v.get("hostPath") {
             let path = s(hp, "/path");
             if !path.starts_with('/') {
                 return Err(unsupported(
                     format!("{field}.hostPath.path"),
                     "must be an absolute path",
-                ));
+                )
+                .into());
             }
             let kind = s(hp, "/type").to_string();
             const TYPES: &[&str] = &[
@@ -322,7 +402,8 @@ fn volumes(spec: &Value, ctx: &PodContext) -> Result<Vec<VolumePlan>, Unsupporte
                 return Err(unsupported(
                     format!("{field}.hostPath.type"),
                     format!("unknown type {kind:?}"),
-                ));
+                )
+                .into());
             }
             out.push(VolumePlan::HostPath {
                 name,
@@ -334,12 +415,96 @@ fn volumes(spec: &Value, ctx: &PodContext) -> Result<Vec<VolumePlan>, Unsupporte
                 return Err(unsupported(
                     format!("{field}.emptyDir.medium"),
                     "Memory (tmpfs) is not supported",
-                ));
+                )
+                .into());
             }
             out.push(VolumePlan::EmptyDir {
                 path: ctx.volume_dir.join("empty-dir").join(&name),
                 name,
             });
+        } else if let Some(cm) = v.get("configMap") {
+            let mode = mode_of("/configMap/defaultMode", 0o644)?;
+            let files = object_files(
+                cm,
+                "configmaps",
+                &ctx.sources,
+                mode,
+                &format!("{field}.configMap"),
+                &pod_ns(pod),
+            )?;
+            out.push(files_at("configmap", files));
+        } else if let Some(sec) = v.get("secret") {
+            let mode = mode_of("/secret/defaultMode", 0o644)?;
+            let files = object_files(
+                sec,
+                "secrets",
+                &ctx.sources,
+                mode,
+                &format!("{field}.secret"),
+                &pod_ns(pod),
+            )?;
+            out.push(files_at("secret", files));
+        } else if let Some(dapi) = v.get("downwardAPI") {
+            let mode = mode_of("/downwardAPI/defaultMode", 0o644)?;
+            let files = downward_files(pod, dapi, mode, &format!("{field}.downwardAPI"))?;
+            out.push(files_at("downward-api", files));
+        } else if let Some(proj) = v.get("projected") {
+            let mode = mode_of("/projected/defaultMode", 0o644)?;
+            let mut files = Vec::new();
+            for (j, src) in items(proj, "sources") {
+                let f = format!("{field}.projected.sources[{j}]");
+                if let Some(cm) = src.get("configMap") {
+                    files.extend(object_files(
+                        cm,
+                        "configmaps",
+                        &ctx.sources,
+                        mode,
+                        &format!("{f}.configMap"),
+                        &pod_ns(pod),
+                    )?);
+                } else if let Some(sec) = src.get("secret") {
+                    files.extend(object_files(
+                        sec,
+                        "secrets",
+                        &ctx.sources,
+                        mode,
+                        &format!("{f}.secret"),
+                        &pod_ns(pod),
+                    )?);
+                } else if let Some(d) = src.get("downwardAPI") {
+                    files.extend(downward_files(pod, d, mode, &format!("{f}.downwardAPI"))?);
+                } else if let Some(t) = src.get("serviceAccountToken") {
+                    let (audience, exp) = sources::token_params(t);
+                    let path =
+                        checked_path(s(t, "/path"), &format!("{f}.serviceAccountToken.path"))?;
+                    let Some(token) = ctx.sources.token(&audience, exp) else {
+                        return Err(Missing {
+                            reason: "ServiceAccountTokenUnavailable",
+                            message: format!(
+                                "no token for service account {:?} yet: edgehub requests it from the apiserver (TokenRequest) and has not been able to",
+                                sources::service_account(pod)
+                            ),
+                        }
+                        .into());
+                    };
+                    files.push(VolumeFile {
+                        path,
+                        data: token.as_bytes().to_vec(),
+                        mode,
+                    });
+                } else {
+                    let kind = src
+                        .as_object()
+                        .and_then(|m| m.keys().next().cloned())
+                        .unwrap_or_else(|| "?".into());
+                    return Err(unsupported(
+                        format!("{f}.{kind}"),
+                        "this projected source is not supported",
+                    )
+                    .into());
+                }
+            }
+            out.push(files_at("projected", files));
         } else {
             let kind = v
                 .as_object()
@@ -347,9 +512,213 @@ fn volumes(spec: &Value, ctx: &PodContext) -> Result<Vec<VolumePlan>, Unsupporte
                 .unwrap_or_else(|| "?".into());
             return Err(unsupported(
                 format!("{field}.{kind}"),
-                "this volume type is not supported yet",
-            ));
+                "this volume type is not supported",
+            )
+            .into());
         }
+    }
+    Ok(out)
+}
+
+fn pod_ns(pod: &Value) -> String {
+    s(pod, "/metadata/namespace").to_string()
+}
+
+/// A file mode from the API (decimal JSON number, such as 420 for 0644).
+fn file_mode(v: &Value, field: &str) -> Result<u32, Unsupported> {
+    v.as_u64()
+        .filter(|m| *m <= 0o777)
+        .map(|m| m as u32)
+        .ok_or_else(|| unsupported(field, format!("{v} is not a file mode (0 to 0777)")))
+}
+
+/// A volume item's path: relative, no `..` element, not empty, as the apiserver validates
+/// it. Checked again here because the cache is not trusted to have been validated.
+fn checked_path(p: &str, field: &str) -> Result<String, Unsupported> {
+    let bad = p.is_empty()
+        || p.starts_with('/')
+        || p.split('/').any(|e| e == ".." || e.is_empty())
+        || p.starts_with("..");
+    if bad {
+        return Err(unsupported(
+            field,
+            format!("{p:?} must be a relative path without '..'"),
+        ));
+    }
+    Ok(p.to_string())
+}
+
+fn missing_object(kind: &str, ns: &str, name: &str, not_found: bool) -> Missing {
+    let (reason, what) = if kind == "secrets" {
+        ("SecretUnavailable", "secret")
+    } else {
+        ("ConfigMapUnavailable", "configmap")
+    };
+    Missing {
+        reason,
+        message: if not_found {
+            format!("{what} \"{ns}/{name}\" not found")
+        } else {
+            format!("{what} \"{ns}/{name}\" is not cached yet: edgehub has not fetched it from the apiserver since the pod arrived")
+        },
+    }
+}
+
+/// The files of a `configMap` or `secret` volume (or projected source): every key, or the
+/// listed `items`.
+fn object_files(
+    src: &Value,
+    kind: &str,
+    sources: &Sources,
+    default_mode: u32,
+    field: &str,
+    ns: &str,
+) -> Result<Vec<VolumeFile>, PlanError> {
+    let name = if kind == "secrets" && src.get("secretName").is_some() {
+        s(src, "/secretName")
+    } else {
+        s(src, "/name")
+    };
+    let optional = src
+        .get("optional")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let lookup = if kind == "secrets" {
+        sources.secret(name)
+    } else {
+        sources.configmap(name)
+    };
+    let data = match lookup {
+        Lookup::Found(d) => d,
+        Lookup::NotFound if optional => return Ok(Vec::new()),
+        Lookup::NotFound => return Err(missing_object(kind, ns, name, true).into()),
+        Lookup::Unknown => return Err(missing_object(kind, ns, name, false).into()),
+    };
+    let mut out = Vec::new();
+    match src.get("items").and_then(Value::as_array) {
+        Some(list) if !list.is_empty() => {
+            for (i, it) in list.iter().enumerate() {
+                let key = s(it, "/key");
+                let path = checked_path(s(it, "/path"), &format!("{field}.items[{i}].path"))?;
+                let mode = match it.get("mode") {
+                    None | Some(Value::Null) => default_mode,
+                    Some(m) => file_mode(m, &format!("{field}.items[{i}].mode"))?,
+                };
+                match data.get(key) {
+                    Some(bytes) => out.push(VolumeFile {
+                        path,
+                        data: bytes.clone(),
+                        mode,
+                    }),
+                    None if optional => {}
+                    None => {
+                        let mut m = missing_object(kind, ns, name, true);
+                        m.message = format!(
+                            "{} has no key {key:?}",
+                            m.message.trim_end_matches(" not found")
+                        );
+                        return Err(m.into());
+                    }
+                }
+            }
+        }
+        _ => {
+            for (key, bytes) in data {
+                out.push(VolumeFile {
+                    path: checked_path(key, field)?,
+                    data: bytes.clone(),
+                    mode: default_mode,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `metadata.labels` and `.annotations` as the downward API writes them: sorted
+/// `key="value"` lines, values quoted as Go's %q does for plain text.
+fn kv_lines(m: Option<&serde_json::Map<String, Value>>) -> String {
+    let mut lines: Vec<String> = m
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| {
+            format!(
+                "{k}={}",
+                serde_json::to_string(v.as_str().unwrap_or("")).unwrap_or_default()
+            )
+        })
+        .collect();
+    lines.sort();
+    lines.join("\n")
+}
+
+fn downward_files(
+    pod: &Value,
+    src: &Value,
+    default_mode: u32,
+    field: &str,
+) -> Result<Vec<VolumeFile>, PlanError> {
+    let mut out = Vec::new();
+    for (i, it) in items(src, "items") {
+        let f = format!("{field}.items[{i}]");
+        let path = checked_path(s(it, "/path"), &format!("{f}.path"))?;
+        let mode = match it.get("mode") {
+            None | Some(Value::Null) => default_mode,
+            Some(m) => file_mode(m, &format!("{f}.mode"))?,
+        };
+        let text = if let Some(fr) = it.get("fieldRef") {
+            match s(fr, "/fieldPath") {
+                "metadata.name" => s(pod, "/metadata/name").to_string(),
+                "metadata.namespace" => s(pod, "/metadata/namespace").to_string(),
+                "metadata.uid" => s(pod, "/metadata/uid").to_string(),
+                "metadata.labels" => {
+                    kv_lines(pod.pointer("/metadata/labels").and_then(Value::as_object))
+                }
+                "metadata.annotations" => kv_lines(
+                    pod.pointer("/metadata/annotations")
+                        .and_then(Value::as_object),
+                ),
+                other => {
+                    if let Some(key) = other
+                        .strip_prefix("metadata.labels['")
+                        .or_else(|| other.strip_prefix("metadata.annotations['"))
+                        .and_then(|k| k.strip_suffix("']"))
+                    {
+                        let which = if other.starts_with("metadata.labels") {
+                            "labels"
+                        } else {
+                            "annotations"
+                        };
+                        pod.pointer("/metadata")
+                            .and_then(|m| m.get(which))
+                            .and_then(|m| m.get(key))
+                            .and_then(Value::as_str)
+                            .unwrap_or("")
+                            .to_string()
+                    } else {
+                        return Err(unsupported(
+                            format!("{f}.fieldRef.fieldPath"),
+                            format!("{other:?} is not supported"),
+                        )
+                        .into());
+                    }
+                }
+            }
+        } else if it.get("resourceFieldRef").is_some() {
+            resource_field(
+                pod,
+                None,
+                it.get("resourceFieldRef").unwrap_or(&Value::Null),
+                &f,
+            )?
+        } else {
+            return Err(unsupported(f, "needs fieldRef or resourceFieldRef").into());
+        };
+        out.push(VolumeFile {
+            path,
+            data: text.into_bytes(),
+            mode,
+        });
     }
     Ok(out)
 }
@@ -421,89 +790,221 @@ fn resources(c: &Value, field: &str) -> Result<api::LinuxContainerResources, Uns
     Ok(r)
 }
 
+/// A `resourceFieldRef` value: the container's limit or request, divided (rounded up, as
+/// the kubelet does). `c` is the referencing container; `containerName` may name another.
+fn resource_field(
+    pod: &Value,
+    c: Option<&Value>,
+    rr: &Value,
+    field: &str,
+) -> Result<String, Unsupported> {
+    let res = s(rr, "/resource");
+    let want = s(rr, "/containerName");
+    let target = match (want, c) {
+        ("", Some(c)) => c,
+        _ => pod
+            .pointer("/spec/containers")
+            .and_then(Value::as_array)
+            .and_then(|cs| cs.iter().find(|x| s(x, "/name") == want))
+            .ok_or_else(|| {
+                unsupported(
+                    format!("{field}.resourceFieldRef.containerName"),
+                    format!("no container {want:?}"),
+                )
+            })?,
+    };
+    let (kind, which) = res.split_once('.').unwrap_or(("", ""));
+    let q = target
+        .pointer(&format!("/resources/{kind}/{which}"))
+        .and_then(Value::as_str);
+    let divisor = s(rr, "/divisor");
+    match (which, q) {
+        ("cpu", q) => {
+            let m = q.and_then(parse_cpu_millis).unwrap_or(0);
+            let d = if divisor.is_empty() {
+                1000
+            } else {
+                parse_cpu_millis(divisor).unwrap_or(1000).max(1)
+            };
+            Ok(((m + d - 1) / d).to_string())
+        }
+        ("memory", q) => {
+            let b = q.and_then(parse_bytes).unwrap_or(0);
+            let d = if divisor.is_empty() {
+                1
+            } else {
+                parse_bytes(divisor).unwrap_or(1).max(1)
+            };
+            Ok(((b + d - 1) / d).to_string())
+        }
+        _ => Err(unsupported(
+            format!("{field}.resourceFieldRef.resource"),
+            format!("{res:?} is not supported"),
+        )),
+    }
+}
+
+/// A key of a referenced ConfigMap or Secret for `valueFrom`; `None` when an optional
+/// reference or key is absent (the variable is then left out, as the kubelet does).
+fn key_ref(
+    r: &Value,
+    kind: &str,
+    sources: &Sources,
+    ns: &str,
+    field: &str,
+) -> Result<Option<String>, PlanError> {
+    let (name, key) = (s(r, "/name"), s(r, "/key"));
+    let optional = r.get("optional").and_then(Value::as_bool).unwrap_or(false);
+    let lookup = if kind == "secrets" {
+        sources.secret(name)
+    } else {
+        sources.configmap(name)
+    };
+    match lookup {
+        Lookup::Found(d) => match d.get(key) {
+            Some(bytes) => String::from_utf8(bytes.clone()).map(Some).map_err(|_| {
+                unsupported(field, format!("key {key:?} of {name:?} is not UTF-8 text")).into()
+            }),
+            None if optional => Ok(None),
+            None => {
+                let mut m = missing_object(kind, ns, name, true);
+                m.message = format!(
+                    "{} has no key {key:?}",
+                    m.message.trim_end_matches(" not found")
+                );
+                Err(m.into())
+            }
+        },
+        Lookup::NotFound | Lookup::Unknown if optional => Ok(None),
+        Lookup::NotFound => Err(missing_object(kind, ns, name, true).into()),
+        Lookup::Unknown => Err(missing_object(kind, ns, name, false).into()),
+    }
+}
+
+/// An env var's value; `None` leaves it out.
 fn env_value(
     pod: &Value,
     c: &Value,
     e: &Value,
     field: &str,
     ctx: &PodContext,
-) -> Result<String, Unsupported> {
+) -> Result<Option<String>, PlanError> {
     if let Some(v) = e.get("value").and_then(Value::as_str) {
-        return Ok(v.to_string());
+        return Ok(Some(v.to_string()));
     }
     let Some(from) = e.get("valueFrom") else {
-        return Ok(String::new());
+        return Ok(Some(String::new()));
     };
+    let host_network = pod
+        .pointer("/spec/hostNetwork")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
     if let Some(fr) = from.get("fieldRef") {
         let path = s(fr, "/fieldPath");
         return match path {
-            "metadata.name" => Ok(s(pod, "/metadata/name").into()),
-            "metadata.namespace" => Ok(s(pod, "/metadata/namespace").into()),
-            "metadata.uid" => Ok(s(pod, "/metadata/uid").into()),
-            "spec.nodeName" => Ok(ctx.node_name.clone()),
+            "metadata.name" => Ok(Some(s(pod, "/metadata/name").into())),
+            "metadata.namespace" => Ok(Some(s(pod, "/metadata/namespace").into())),
+            "metadata.uid" => Ok(Some(s(pod, "/metadata/uid").into())),
+            "spec.nodeName" => Ok(Some(ctx.node_name.clone())),
+            "spec.serviceAccountName" => Ok(Some(sources::service_account(pod))),
+            "status.hostIP" => Ok(Some(ctx.host_ip.clone().unwrap_or_default())),
             // Host-network pods share the node's address.
-            "status.podIP" | "status.hostIP" => Ok(ctx.host_ip.clone().unwrap_or_default()),
+            "status.podIP" if host_network => Ok(Some(ctx.host_ip.clone().unwrap_or_default())),
+            "status.podIP" => Ok(Some(ctx.pod_ip.clone().unwrap_or_default())),
             other => Err(unsupported(
                 format!("{field}.valueFrom.fieldRef.fieldPath"),
                 format!("{other:?} is not supported"),
-            )),
+            )
+            .into()),
         };
     }
     if let Some(rr) = from.get("resourceFieldRef") {
-        let res = s(rr, "/resource");
-        let target = if s(rr, "/containerName").is_empty() {
-            c
-        } else {
-            let want = s(rr, "/containerName");
-            pod.pointer("/spec/containers")
-                .and_then(Value::as_array)
-                .and_then(|cs| cs.iter().find(|x| s(x, "/name") == want))
-                .ok_or_else(|| {
-                    unsupported(
-                        format!("{field}.valueFrom.resourceFieldRef.containerName"),
-                        format!("no container {want:?}"),
-                    )
-                })?
-        };
-        let (kind, which) = res.split_once('.').unwrap_or(("", ""));
-        let q = target
-            .pointer(&format!("/resources/{kind}/{which}"))
-            .and_then(Value::as_str);
-        let divisor = s(rr, "/divisor");
-        return match (which, q) {
-            ("cpu", q) => {
-                let m = q.and_then(parse_cpu_millis).unwrap_or(0);
-                let d = if divisor.is_empty() {
-                    1000
-                } else {
-                    parse_cpu_millis(divisor).unwrap_or(1000).max(1)
-                };
-                // Rounded up, as the kubelet does.
-                Ok(((m + d - 1) / d).to_string())
-            }
-            ("memory", q) => {
-                let b = q.and_then(parse_bytes).unwrap_or(0);
-                let d = if divisor.is_empty() {
-                    1
-                } else {
-                    parse_bytes(divisor).unwrap_or(1).max(1)
-                };
-                Ok(((b + d - 1) / d).to_string())
-            }
-            _ => Err(unsupported(
-                format!("{field}.valueFrom.resourceFieldRef.resource"),
-                format!("{res:?} is not supported"),
-            )),
-        };
+        return Ok(Some(resource_field(
+            pod,
+            Some(c),
+            rr,
+            &format!("{field}.valueFrom"),
+        )?));
+    }
+    let ns = pod_ns(pod);
+    if let Some(r) = from.get("configMapKeyRef") {
+        return key_ref(
+            r,
+            "configmaps",
+            &ctx.sources,
+            &ns,
+            &format!("{field}.valueFrom.configMapKeyRef"),
+        );
+    }
+    if let Some(r) = from.get("secretKeyRef") {
+        return key_ref(
+            r,
+            "secrets",
+            &ctx.sources,
+            &ns,
+            &format!("{field}.valueFrom.secretKeyRef"),
+        );
     }
     let kind = from
         .as_object()
         .and_then(|m| m.keys().next().cloned())
         .unwrap_or_default();
-    Err(unsupported(
-        format!("{field}.valueFrom.{kind}"),
-        "not supported yet (ConfigMap and Secret references need the API)",
-    ))
+    Err(unsupported(format!("{field}.valueFrom.{kind}"), "not supported").into())
+}
+
+/// A C identifier-ish env name, as the kubelet accepts from `envFrom` keys (others are
+/// skipped).
+fn env_name_ok(k: &str) -> bool {
+    !k.is_empty()
+        && !k.starts_with(|c: char| c.is_ascii_digit())
+        && k.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.')
+}
+
+/// `envFrom`: every key of the referenced ConfigMaps and Secrets, with the prefix.
+fn env_from(
+    c: &Value,
+    field: &str,
+    ctx: &PodContext,
+    ns: &str,
+) -> Result<Vec<api::KeyValue>, PlanError> {
+    let mut out = Vec::new();
+    for (i, ef) in items(c, "envFrom") {
+        let f = format!("{field}.envFrom[{i}]");
+        let (kind, r) = if let Some(r) = ef.get("configMapRef") {
+            ("configmaps", r)
+        } else if let Some(r) = ef.get("secretRef") {
+            ("secrets", r)
+        } else {
+            return Err(unsupported(f, "needs configMapRef or secretRef").into());
+        };
+        let name = s(r, "/name");
+        let optional = r.get("optional").and_then(Value::as_bool).unwrap_or(false);
+        let lookup = if kind == "secrets" {
+            ctx.sources.secret(name)
+        } else {
+            ctx.sources.configmap(name)
+        };
+        let data = match lookup {
+            Lookup::Found(d) => d,
+            Lookup::NotFound | Lookup::Unknown if optional => continue,
+            Lookup::NotFound => return Err(missing_object(kind, ns, name, true).into()),
+            Lookup::Unknown => return Err(missing_object(kind, ns, name, false).into()),
+        };
+        let prefix = s(ef, "/prefix");
+        for (k, v) in data {
+            let key = format!("{prefix}{k}");
+            if !env_name_ok(&key) {
+                tracing::debug!(key = %key, "envFrom key is not a valid variable name; skipped");
+                continue;
+            }
+            let Ok(value) = String::from_utf8(v.clone()) else {
+                continue;
+            };
+            out.push(api::KeyValue { key, value });
+        }
+    }
+    Ok(out)
 }
 
 fn container(
@@ -511,32 +1012,22 @@ fn container(
     c: &Value,
     field: &str,
     volumes: &[VolumePlan],
-    uid: &str,
     ctx: &PodContext,
     init: bool,
-) -> Result<ContainerPlan, Unsupported> {
+    pull_secrets: &[&Data],
+) -> Result<ContainerPlan, PlanError> {
+    let uid = s(pod, "/metadata/uid");
     for f in UNSUPPORTED_CONTAINER_FIELDS {
         if c.get(*f)
             .is_some_and(|v| !v.is_null() && v != &Value::Bool(false))
         {
-            return Err(unsupported(
-                format!("{field}.{f}"),
-                "not supported by edgehub",
-            ));
+            return Err(unsupported(format!("{field}.{f}"), "not supported by edgehub").into());
         }
-    }
-    if c.get("envFrom")
-        .is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty()))
-    {
-        return Err(unsupported(
-            format!("{field}.envFrom"),
-            "not supported yet (ConfigMap and Secret references need the API)",
-        ));
     }
     let name = s(c, "/name").to_string();
     let image = s(c, "/image").to_string();
     if name.is_empty() || image.is_empty() {
-        return Err(unsupported(field, "a container needs a name and an image"));
+        return Err(unsupported(field, "a container needs a name and an image").into());
     }
     let pull_policy = match s(c, "/imagePullPolicy") {
         "Always" => PullPolicy::Always,
@@ -552,7 +1043,8 @@ fn container(
             return Err(unsupported(
                 format!("{field}.imagePullPolicy"),
                 format!("unknown value {other:?}"),
-            ))
+            )
+            .into())
         }
     };
     let strings = |k: &str| -> Vec<String> {
@@ -566,31 +1058,38 @@ fn container(
             })
             .unwrap_or_default()
     };
-    let mut envs = Vec::new();
+    // envFrom first, then env, so an explicit variable wins (as with the kubelet).
+    let mut envs = env_from(c, field, ctx, &pod_ns(pod))?;
     for (i, e) in items(c, "env") {
         let f = format!("{field}.env[{i}]");
-        envs.push(api::KeyValue {
-            key: s(e, "/name").to_string(),
-            value: env_value(pod, c, e, &f, ctx)?,
-        });
+        if let Some(value) = env_value(pod, c, e, &f, ctx)? {
+            let key = s(e, "/name").to_string();
+            envs.retain(|kv| kv.key != key);
+            envs.push(api::KeyValue { key, value });
+        }
     }
     let mut mounts = Vec::new();
     for (i, m) in items(c, "volumeMounts") {
         let vname = s(m, "/name");
-        let vol = volumes
-            .iter()
-            .find(|v| matches!(v, VolumePlan::HostPath { name, .. } | VolumePlan::EmptyDir { name, .. } if name == vname))
-            .ok_or_else(|| unsupported(format!("{field}.volumeMounts[{i}]"), format!("no volume named {vname:?}")))?;
+        let vol = volumes.iter().find(|v| v.name() == vname).ok_or_else(|| {
+            unsupported(
+                format!("{field}.volumeMounts[{i}]"),
+                format!("no volume named {vname:?}"),
+            )
+        })?;
         if m.get("subPath").is_some() || m.get("subPathExpr").is_some() {
             return Err(unsupported(
                 format!("{field}.volumeMounts[{i}].subPath"),
                 "not supported yet",
-            ));
+            )
+            .into());
         }
+        // File volumes are written by edgehub; containers only read them.
+        let files = matches!(vol, VolumePlan::Files { .. });
         mounts.push(api::Mount {
             container_path: s(m, "/mountPath").to_string(),
             host_path: vol.host_path().display().to_string(),
-            readonly: m.get("readOnly").and_then(Value::as_bool).unwrap_or(false),
+            readonly: files || m.get("readOnly").and_then(Value::as_bool).unwrap_or(false),
             ..Default::default()
         });
     }
@@ -678,10 +1177,12 @@ fn container(
         }),
         ..Default::default()
     };
+    let auth = sources::auth_for(&image, pull_secrets);
     Ok(ContainerPlan {
         name,
         image,
         pull_policy,
+        auth,
         config,
     })
 }

@@ -16,9 +16,10 @@ use crate::kube::resource::PODS;
 use crate::kube::ApiClient;
 use crate::object::Kind;
 use crate::podspec::{
-    self, PodContext, PodPlan, PullPolicy, RestartPolicy, Unsupported, VolumePlan,
+    self, Missing, PlanError, PodContext, PodPlan, PullPolicy, RestartPolicy, Unsupported,
 };
-use crate::store::{Store, StoredObject};
+use crate::sources::fetch::{self, Fetcher};
+use crate::store::{QueuedEvent, Store, StoredObject};
 use serde_json::Value;
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -72,6 +73,12 @@ pub struct Pass {
     pub statuses_sent: usize,
     /// Warning Events delivered to the apiserver.
     pub events_sent: usize,
+    /// ConfigMaps, Secrets and tokens fetched for the pods.
+    pub sources_fetched: usize,
+    /// File volumes rewritten (a renewed token, an edited ConfigMap).
+    pub volumes_updated: usize,
+    /// Pods waiting for a ConfigMap, Secret or token edgehub does not have.
+    pub missing: Vec<(String, Missing)>,
     /// Pods that cannot run, and why.
     pub unsupported: Vec<(String, Unsupported)>,
 }
@@ -93,9 +100,10 @@ pub struct Reconciler<R: CriRuntime> {
     pub host_ip: Option<String>,
     pub backoff: BackoffPolicy,
     restarts: HashMap<(String, String), Restarts>,
-    reported: HashSet<String>,
-    /// Warning Events not yet delivered, by pod uid: sent while the link is up.
-    events: HashMap<String, Value>,
+    /// What was last reported per pod uid (a Warning Event each time it changes).
+    reported: HashMap<String, String>,
+    /// Fetches what pods reference; `None` without an apiserver.
+    fetcher: Option<Fetcher>,
 }
 
 /// The label selector of this node's edgehub objects.
@@ -121,6 +129,7 @@ impl<R: CriRuntime> Reconciler<R> {
         data_dir: PathBuf,
         node_name: String,
     ) -> Self {
+        let fetcher = client.clone().map(|c| Fetcher::new(c, store.clone()));
         Reconciler {
             cri,
             store,
@@ -130,8 +139,17 @@ impl<R: CriRuntime> Reconciler<R> {
             host_ip: None,
             backoff: BackoffPolicy::default(),
             restarts: HashMap::new(),
-            reported: HashSet::new(),
-            events: HashMap::new(),
+            reported: HashMap::new(),
+            fetcher,
+        }
+    }
+
+    /// How often referenced ConfigMaps and Secrets are fetched again while online (default
+    /// 60 s), and how soon a failed fetch is retried.
+    pub fn set_source_refresh(&mut self, refresh: Duration, retry: Duration) {
+        if let Some(f) = self.fetcher.as_mut() {
+            f.refresh = refresh;
+            f.retry = retry;
         }
     }
 
@@ -191,40 +209,77 @@ impl<R: CriRuntime> Reconciler<R> {
             .filter(|c| is_managed(&c.labels, &self.node_name))
             .collect();
 
+        // Parsed once per pass. A pod whose JSON cannot be read is still wanted: an
+        // unreadable cache row must not stop a running pod.
         let mut wanted = HashSet::new();
+        let mut parsed: Vec<(&StoredObject, Value)> = Vec::new();
         for pod in &pods {
             if pod.index.deleting {
                 continue;
             }
-            // Wanted even if its JSON cannot be read: an unreadable cache row must not stop a
-            // running pod.
             wanted.insert(pod.index.uid.clone());
-            let raw: Value = match serde_json::from_str(&pod.raw) {
-                Ok(v) => v,
+            match serde_json::from_str(&pod.raw) {
+                Ok(v) => parsed.push((pod, v)),
                 Err(e) => {
                     tracing::warn!(pod = %pod.index.name, error = %e, "cached pod is not valid JSON; leaving it as it runs");
-                    continue;
                 }
-            };
+            }
+        }
+        if let Some(f) = self.fetcher.as_mut() {
+            let refs: Vec<(&StoredObject, &Value)> = parsed.iter().map(|(p, v)| (*p, v)).collect();
+            let st = f.refresh(&refs).await?;
+            pass.sources_fetched = st.fetched + st.tokens;
+        }
+        for (pod, raw) in &parsed {
             match self
-                .ensure_pod(pod, &raw, &sandboxes, &containers, &mut pass)
+                .ensure_pod(pod, raw, &sandboxes, &containers, &mut pass)
                 .await
             {
                 Ok(plan) => {
                     let status = self.observe(&plan, &sandboxes, &containers).await?;
                     self.queue_status(pod, status)?;
+                    self.reported.remove(&pod.index.uid);
                 }
-                Err(EnsureError::Unsupported(u)) => {
-                    if self.reported.insert(pod.index.uid.clone()) {
-                        tracing::warn!(pod = %pod.index.name, namespace = %pod.index.namespace, field = %u.field, reason = %u.reason,
-                            "pod cannot run on edgehub");
-                        self.events.insert(
-                            pod.index.uid.clone(),
-                            unsupported_event(pod, &u, &self.node_name, &crate::time::now()),
+                Err(EnsureError::Plan(e)) => {
+                    let (reason, message) = match &e {
+                        PlanError::Unsupported(u) => (
+                            "UnsupportedField",
+                            format!("edgehub cannot run this pod: {u}"),
+                        ),
+                        PlanError::Missing(m) => {
+                            (m.reason, format!("edgehub cannot start this pod yet: {m}"))
+                        }
+                    };
+                    if self.reported.get(&pod.index.uid) != Some(&message) {
+                        tracing::warn!(pod = %pod.index.name, namespace = %pod.index.namespace, reason, %message, "pod cannot run");
+                        let ev = warning_event(
+                            pod,
+                            reason,
+                            &message,
+                            &self.node_name,
+                            &crate::time::now(),
                         );
+                        self.store.queue_event(
+                            &QueuedEvent {
+                                key: format!(
+                                    "{}/{}",
+                                    pod.index.namespace,
+                                    ev["metadata"]["name"].as_str().unwrap_or_default()
+                                ),
+                                namespace: pod.index.namespace.clone(),
+                                body: ev.to_string(),
+                            },
+                            now_ms(),
+                        )?;
+                        self.reported.insert(pod.index.uid.clone(), message.clone());
                     }
-                    self.queue_status(pod, unsupported_status(&u))?;
-                    pass.unsupported.push((pod.index.name.clone(), u));
+                    self.queue_status(pod, blocked_status(reason, &message))?;
+                    match e {
+                        PlanError::Unsupported(u) => {
+                            pass.unsupported.push((pod.index.name.clone(), u))
+                        }
+                        PlanError::Missing(m) => pass.missing.push((pod.index.name.clone(), m)),
+                    }
                 }
                 Err(EnsureError::Runtime(e)) => return Err(e),
             }
@@ -266,50 +321,45 @@ impl<R: CriRuntime> Reconciler<R> {
             }
         }
         pass.statuses_sent = self.send_statuses().await?;
-        pass.events_sent = self.send_events().await;
+        pass.events_sent = self.send_events().await?;
         Ok(pass)
     }
 
-    /// Delivers pending Events while the apiserver answers; keeps them otherwise. The Event's
-    /// name is fixed per pod, so a resend after a restart is an AlreadyExists, not a duplicate.
-    async fn send_events(&mut self) -> usize {
+    /// Delivers queued Events while the apiserver answers; keeps them otherwise (the queue is
+    /// in the store, so they survive a restart). An Event's name is fixed per pod and reason,
+    /// so a resend after a crash is an AlreadyExists, not a duplicate.
+    async fn send_events(&mut self) -> Result<usize, RuntimeError> {
         let Some(client) = &self.client else {
-            return 0;
+            return Ok(0);
         };
         let mut sent = 0;
-        let pending: Vec<(String, Value)> = self
-            .events
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        for (uid, ev) in pending {
-            let ns = ev["metadata"]["namespace"]
-                .as_str()
-                .unwrap_or("")
-                .to_string();
+        for ev in self.store.queued_events()? {
             match client
                 .create(
                     &crate::kube::resource::EVENTS,
-                    Some(&ns),
-                    ev.to_string().into_bytes(),
+                    Some(&ev.namespace),
+                    ev.body.clone().into_bytes(),
                 )
                 .await
             {
                 Ok(_) => {
                     sent += 1;
-                    self.events.remove(&uid);
+                    self.store.event_sent(&ev.key)?;
                 }
-                Err(e) if e.code() == Some(409) => {
-                    self.events.remove(&uid);
-                }
+                Err(e) if e.code() == Some(409) => self.store.event_sent(&ev.key)?,
                 Err(e) if e.is_offline() => break,
+                Err(e) if matches!(e.code(), Some(400 | 403 | 404 | 422)) => {
+                    // The apiserver will never take it; keeping it would block the queue.
+                    tracing::warn!(error = %e, key = %ev.key, "Event refused; dropped");
+                    self.store.event_sent(&ev.key)?;
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot post an Event; will retry");
                     break;
                 }
             }
         }
-        sent
+        Ok(sent)
     }
 
     /// Queues the pod's status if it differs from what the apiserver has (as cached).
@@ -422,6 +472,7 @@ impl<R: CriRuntime> Reconciler<R> {
             &init_views,
             &app_views,
             self.host_ip.as_deref(),
+            plan.pod_ip.as_deref(),
             sandbox.map(|s| nanos_to_rfc3339(s.created_at)).as_deref(),
             plan.restart_policy,
         ))
@@ -539,18 +590,31 @@ impl<R: CriRuntime> Reconciler<R> {
             .filter_map(|s| s.metadata.as_ref().map(|m| m.attempt + 1))
             .max()
             .unwrap_or(0);
-        let ctx = PodContext {
+        let host_network = raw
+            .pointer("/spec/hostNetwork")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        let pod_ip = match ready {
+            Some(sb) if !host_network => self.sandbox_ip(&sb.id).await?,
+            _ => None,
+        };
+        let mut ctx = PodContext {
             node_name: self.node_name.clone(),
             host_ip: self.host_ip.clone(),
             volume_dir: self.pod_dir(uid).join("volumes"),
             log_dir: self.pod_dir(uid).join("logs"),
             attempt,
+            pod_ip,
+            sources: fetch::load(&self.store, pod, raw).map_err(RuntimeError::from)?,
         };
-        let plan = podspec::translate(raw, &ctx).map_err(EnsureError::Unsupported)?;
-        self.reported.remove(uid);
+        let mut plan = podspec::translate(raw, &ctx).map_err(EnsureError::Plan)?;
 
         let sandbox_id = match ready {
-            Some(s) => s.id.clone(),
+            Some(s) => {
+                pass.volumes_updated += crate::volumes::refresh_files(&plan)
+                    .map_err(|u| EnsureError::Plan(u.into()))?;
+                s.id.clone()
+            }
             None => {
                 // Old, not-ready sandboxes of this pod go first (their containers with them).
                 for old in &mine {
@@ -560,16 +624,34 @@ impl<R: CriRuntime> Reconciler<R> {
                     self.ignore_missing(self.cri.stop_pod_sandbox(&old.id).await)?;
                     self.ignore_missing(self.cri.remove_pod_sandbox(&old.id).await)?;
                 }
-                prepare_volumes(&plan, &ctx).map_err(EnsureError::Unsupported)?;
+                crate::volumes::prepare(&plan, &ctx).map_err(|u| EnsureError::Plan(u.into()))?;
                 let id = self.cri.run_pod_sandbox(plan.sandbox.clone()).await?;
                 tracing::info!(pod = %plan.name, namespace = %plan.namespace, sandbox = %id, attempt, "sandbox started");
                 pass.sandboxes_created += 1;
+                if !host_network {
+                    // The address CNI gave the sandbox, for status.podIP in env and status.
+                    ctx.pod_ip = self.sandbox_ip(&id).await?;
+                    plan = podspec::translate(raw, &ctx).map_err(EnsureError::Plan)?;
+                }
                 id
             }
         };
         self.ensure_containers(&sandbox_id, &plan, containers, pass)
             .await?;
         Ok(plan)
+    }
+
+    /// The sandbox's pod-network address, if it has one.
+    async fn sandbox_ip(&self, id: &str) -> Result<Option<String>, CriError> {
+        let st = match self.cri.pod_sandbox_status(id).await {
+            Ok(s) => s,
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        Ok(st
+            .and_then(|s| s.network)
+            .map(|n| n.ip)
+            .filter(|ip| !ip.is_empty()))
     }
 
     /// Creates, starts and restarts the pod's containers in its sandbox.
@@ -696,7 +778,13 @@ impl<R: CriRuntime> Reconciler<R> {
                 })
             }
             (PullPolicy::Always, _) | (PullPolicy::IfNotPresent, false) => {
-                self.cri.pull_image(&c.image, None).await?;
+                let auth = c.auth.as_ref().map(|a| api::AuthConfig {
+                    username: a.username.clone(),
+                    password: a.password.clone(),
+                    server_address: a.server.clone(),
+                    ..Default::default()
+                });
+                self.cri.pull_image(&c.image, auth).await?;
             }
             _ => {}
         }
@@ -791,13 +879,14 @@ fn container_status_json(c: &ContainerView) -> Value {
     })
 }
 
-/// The `status` of a pod edgehub runs (host network: podIP is the host's). Pure, so the
+/// The `status` of a pod edgehub runs (a host-network pod's podIP is the host's). Pure, so the
 /// phase and condition rules are unit-tested. No transition times: an unchanged pod has an
 /// unchanged status, and an unchanged status is never re-sent.
 pub fn pod_status(
     init: &[ContainerView],
     app: &[ContainerView],
     host_ip: Option<&str>,
+    pod_ip: Option<&str>,
     start_time: Option<&str>,
     restart_policy: RestartPolicy,
 ) -> Value {
@@ -847,6 +936,9 @@ pub fn pod_status(
     }
     if let Some(ip) = host_ip {
         status["hostIP"] = ip.into();
+        status["hostIPs"] = serde_json::json!([{"ip": ip}]);
+    }
+    if let Some(ip) = pod_ip {
         status["podIP"] = ip.into();
         status["podIPs"] = serde_json::json!([{"ip": ip}]);
     }
@@ -856,26 +948,41 @@ pub fn pod_status(
     status
 }
 
-/// The status of a pod edgehub cannot run: Ready=False naming the field.
-pub fn unsupported_status(u: &Unsupported) -> Value {
+/// The status of a pod edgehub cannot run or cannot start yet: Ready=False with the reason.
+pub fn blocked_status(reason: &str, message: &str) -> Value {
     serde_json::json!({
         "phase": "Pending",
         "conditions": [
-            {"type": "Ready", "status": "False", "reason": "UnsupportedField", "message": format!("edgehub cannot run this pod: {u}")},
+            {"type": "Ready", "status": "False", "reason": reason, "message": message},
         ],
     })
 }
 
-/// The Warning Event about a pod edgehub cannot run.
-pub fn unsupported_event(pod: &StoredObject, u: &Unsupported, node: &str, now: &str) -> Value {
+/// The status of a pod edgehub cannot run: Ready=False naming the field.
+pub fn unsupported_status(u: &Unsupported) -> Value {
+    blocked_status(
+        "UnsupportedField",
+        &format!("edgehub cannot run this pod: {u}"),
+    )
+}
+
+/// A Warning Event about a pod. Its name is fixed per pod and reason, so a resend is an
+/// AlreadyExists rather than a second Event.
+pub fn warning_event(
+    pod: &StoredObject,
+    reason: &str,
+    message: &str,
+    node: &str,
+    now: &str,
+) -> Value {
     let ix = &pod.index;
     serde_json::json!({
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"name": format!("{}.edgehub-unsupported", ix.name), "namespace": ix.namespace},
+        "metadata": {"name": format!("{}.edgehub-{}", ix.name, reason.to_ascii_lowercase()), "namespace": ix.namespace},
         "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": ix.namespace, "name": ix.name, "uid": ix.uid},
-        "reason": "UnsupportedField",
-        "message": format!("edgehub cannot run this pod: {u}"),
+        "reason": reason,
+        "message": message,
         "type": "Warning",
         "source": {"component": "edgehub", "host": node},
         "firstTimestamp": now,
@@ -884,14 +991,38 @@ pub fn unsupported_event(pod: &StoredObject, u: &Unsupported, node: &str, now: &
     })
 }
 
+/// The Warning Event about a pod edgehub cannot run.
+pub fn unsupported_event(pod: &StoredObject, u: &Unsupported, node: &str, now: &str) -> Value {
+    warning_event(
+        pod,
+        "UnsupportedField",
+        &format!("edgehub cannot run this pod: {u}"),
+        node,
+        now,
+    )
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
 fn nanos_to_rfc3339(n: i64) -> String {
     crate::time::rfc3339(std::time::UNIX_EPOCH + Duration::from_nanos(n.max(0) as u64))
 }
 
 #[derive(Debug)]
 enum EnsureError {
-    Unsupported(Unsupported),
+    Plan(PlanError),
     Runtime(RuntimeError),
+}
+
+impl From<RuntimeError> for EnsureError {
+    fn from(e: RuntimeError) -> Self {
+        EnsureError::Runtime(e)
+    }
 }
 
 impl From<CriError> for EnsureError {
@@ -918,77 +1049,6 @@ fn grace_of(raw: &str) -> i64 {
         })
         .unwrap_or(30)
         .max(0)
-}
-
-/// Creates what the volumes need on the host and checks hostPath types.
-fn prepare_volumes(plan: &PodPlan, ctx: &PodContext) -> Result<(), Unsupported> {
-    use std::os::unix::fs::{DirBuilderExt, FileTypeExt};
-    let fail = |name: &str, reason: String| Unsupported {
-        field: format!("volume {name}"),
-        reason,
-    };
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o750)
-        .create(&ctx.log_dir)
-        .map_err(|e| {
-            fail(
-                "logs",
-                format!("cannot create {}: {e}", ctx.log_dir.display()),
-            )
-        })?;
-    for v in &plan.volumes {
-        match v {
-            VolumePlan::EmptyDir { name, path } => std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o777)
-                .create(path)
-                .map_err(|e| fail(name, format!("cannot create {}: {e}", path.display())))?,
-            VolumePlan::HostPath { name, path, kind } => {
-                let meta = std::fs::metadata(path);
-                let ok = match (kind.as_str(), &meta) {
-                    ("", _) => true,
-                    ("DirectoryOrCreate", Err(_)) => {
-                        std::fs::DirBuilder::new()
-                            .recursive(true)
-                            .mode(0o755)
-                            .create(path)
-                            .map_err(|e| {
-                                fail(name, format!("cannot create {}: {e}", path.display()))
-                            })?;
-                        true
-                    }
-                    ("FileOrCreate", Err(_)) => {
-                        if let Some(dir) = path.parent() {
-                            let _ = std::fs::create_dir_all(dir);
-                        }
-                        std::fs::OpenOptions::new()
-                            .create(true)
-                            .append(true)
-                            .open(path)
-                            .map_err(|e| {
-                                fail(name, format!("cannot create {}: {e}", path.display()))
-                            })?;
-                        true
-                    }
-                    ("DirectoryOrCreate" | "Directory", Ok(m)) => m.is_dir(),
-                    ("FileOrCreate" | "File", Ok(m)) => m.is_file(),
-                    ("Socket", Ok(m)) => m.file_type().is_socket(),
-                    ("CharDevice", Ok(m)) => m.file_type().is_char_device(),
-                    ("BlockDevice", Ok(m)) => m.file_type().is_block_device(),
-                    (_, Err(_)) => false,
-                    _ => false,
-                };
-                if !ok {
-                    return Err(fail(
-                        name,
-                        format!("hostPath {} is not a {kind}", path.display()),
-                    ));
-                }
-            }
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -1049,6 +1109,7 @@ mod tests {
             &[],
             &[view("a", waiting.clone())],
             Some("10.0.0.7"),
+            Some("10.0.0.7"),
             None,
             RestartPolicy::Always,
         );
@@ -1066,6 +1127,7 @@ mod tests {
             &[],
             &[view("a", running()), view("b", running())],
             None,
+            None,
             Some("t0"),
             RestartPolicy::Always,
         );
@@ -1081,6 +1143,7 @@ mod tests {
             &[view("a", running()), view("b", exited(1))],
             None,
             None,
+            None,
             RestartPolicy::Always,
         );
         assert_eq!(
@@ -1093,12 +1156,14 @@ mod tests {
             &[view("a", exited(0))],
             None,
             None,
+            None,
             RestartPolicy::Never,
         );
         assert_eq!(s["phase"], "Succeeded");
         let s = pod_status(
             &[],
             &[view("a", exited(2))],
+            None,
             None,
             None,
             RestartPolicy::OnFailure,
@@ -1111,6 +1176,7 @@ mod tests {
             &[view("a", waiting)],
             None,
             None,
+            None,
             RestartPolicy::Always,
         );
         assert_eq!(
@@ -1121,6 +1187,7 @@ mod tests {
         let s = pod_status(
             &[view("i", exited(0))],
             &[view("a", running())],
+            None,
             None,
             None,
             RestartPolicy::Always,

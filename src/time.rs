@@ -44,6 +44,35 @@ pub fn rfc3339_micros(t: SystemTime) -> String {
     format(s, Some(us))
 }
 
+/// Days since 1970-01-01 of a civil date (the inverse of [`civil`]).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// Parses a UTC `metav1.Time` (`2026-11-29T18:00:00Z`, fractions ignored) to Unix seconds.
+pub fn parse_rfc3339(t: &str) -> Option<i64> {
+    let b = t.as_bytes();
+    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || b[13] != b':' {
+        return None;
+    }
+    if !t.ends_with('Z') {
+        return None;
+    }
+    let n = |r: std::ops::Range<usize>| t.get(r)?.parse::<i64>().ok();
+    let (y, mo, d) = (n(0..4)?, n(5..7)?, n(8..10)?);
+    let (h, mi, s) = (n(11..13)?, n(14..16)?, n(17..19)?);
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || s > 60 {
+        return None;
+    }
+    Some(days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + s)
+}
+
 pub fn now() -> String {
     rfc3339(SystemTime::now())
 }
@@ -71,5 +100,26 @@ mod tests {
             rfc3339(UNIX_EPOCH + Duration::from_secs(1_735_689_599)),
             "2024-12-31T23:59:59Z"
         );
+    }
+
+    #[test]
+    fn parses_what_it_formats() {
+        for secs in [0, 951_782_400, 1_735_689_599, 1_795_975_200] {
+            let t = rfc3339(UNIX_EPOCH + Duration::from_secs(secs));
+            assert_eq!(parse_rfc3339(&t), Some(secs as i64), "{t}");
+        }
+        assert_eq!(
+            parse_rfc3339("2026-11-29T19:41:04.123456Z"),
+            parse_rfc3339("2026-11-29T19:41:04Z")
+        );
+        for bad in [
+            "",
+            "2026-11-29",
+            "2026-13-01T00:00:00Z",
+            "2026-11-29T18:00:00+01:00",
+            "x026-11-29T18:00:00Z",
+        ] {
+            assert_eq!(parse_rfc3339(bad), None, "{bad}");
+        }
     }
 }

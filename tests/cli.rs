@@ -476,6 +476,14 @@ async fn run_registers_the_node_and_keeps_its_lease_fresh() {
     })
     .await;
     kill9(&mut child);
+    // The recorded pods ran in the shared containerd; they must not outlive the test.
+    use edgehub::cri::{labels, CriClient, CriRuntime};
+    let c = CriClient::new(&socket);
+    let mine = std::collections::HashMap::from([(labels::NODE.to_string(), "edge-1".to_string())]);
+    for sb in c.list_pod_sandbox(mine).await.unwrap_or_default() {
+        let _ = c.stop_pod_sandbox(&sb.id).await;
+        let _ = c.remove_pod_sandbox(&sb.id).await;
+    }
 }
 
 /// kubeedge#3618: after a reboot with no link, the node's pods must come back.

@@ -299,7 +299,7 @@ async fn an_unsupported_pod_is_reported_and_the_others_run() {
     let c = CriClient::new(&e.socket);
     let (bad_id, good_id) = (uid("bad"), uid("good"));
     let mut bad = pod("bad", &bad_id, "127.0.0.1:5000/busybox:1.0");
-    bad["spec"]["volumes"] = json!([{"name": "cfg", "configMap": {"name": "x"}}]);
+    bad["spec"]["volumes"] = json!([{"name": "cfg", "cephfs": {"monitors": ["10.0.0.1"]}}]);
     let good = pod("good", &good_id, "127.0.0.1:5000/busybox:1.0");
     put(&e.store, &bad);
     put(&e.store, &good);
@@ -307,7 +307,7 @@ async fn an_unsupported_pod_is_reported_and_the_others_run() {
     let pass = r.reconcile().await.unwrap();
     assert_eq!(pass.unsupported.len(), 1);
     assert_eq!(pass.unsupported[0].0, "bad");
-    assert_eq!(pass.unsupported[0].1.field, "spec.volumes[0].configMap");
+    assert_eq!(pass.unsupported[0].1.field, "spec.volumes[0].cephfs");
     assert!(containers_of(&c, &bad_id).await.is_empty());
     assert_eq!(running(&c, &good_id).await.len(), 1);
     remove(&e.store, &bad);
@@ -456,7 +456,7 @@ async fn an_unsupported_pod_gets_a_condition_naming_the_field() {
     let (server, _kdir, client) = cloud(&e).await;
     let id = uid("unsup");
     let mut p = pod("unsup", &id, "127.0.0.1:5000/busybox:1.0");
-    p["spec"]["volumes"] = json!([{"name": "s", "secret": {"secretName": "x"}}]);
+    p["spec"]["volumes"] = json!([{"name": "s", "iscsi": {"targetPortal": "10.0.0.1:3260"}}]);
     server.apply("pods", p);
     put(&e.store, &server.get("pods", "rt", "unsup").unwrap());
     let mut r = reconciler(&e, Some(client));
@@ -477,13 +477,13 @@ async fn an_unsupported_pod_gets_a_condition_naming_the_field() {
         ready["message"]
             .as_str()
             .unwrap()
-            .contains("spec.volumes[0].secret"),
+            .contains("spec.volumes[0].iscsi"),
         "{ready}"
     );
     // And a Warning Event about it, posted by the node.
     assert_eq!(pass.events_sent, 1);
     let ev = server
-        .get("events", "rt", "unsup.edgehub-unsupported")
+        .get("events", "rt", "unsup.edgehub-unsupportedfield")
         .expect("the Event exists");
     assert_eq!(
         (ev["type"].as_str(), ev["reason"].as_str()),
@@ -493,6 +493,177 @@ async fn an_unsupported_pod_gets_a_condition_naming_the_field() {
     assert!(ev["message"]
         .as_str()
         .unwrap()
-        .contains("spec.volumes[0].secret"));
+        .contains("spec.volumes[0].iscsi"));
     assert_eq!(r.reconcile().await.unwrap().events_sent, 0, "sent once");
+}
+
+async fn exec(c: &CriClient, id: &str, cmd: &[&str]) -> String {
+    let r = c
+        .exec_sync(
+            id,
+            cmd.iter().map(|s| s.to_string()).collect(),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    String::from_utf8_lossy(&r.stdout).into_owned()
+}
+
+/// The recorded pod, as the apiserver served it: a ConfigMap volume and the projected
+/// service-account token volume. edgehub fetches both, writes them, and keeps them after
+/// the link goes.
+#[tokio::test]
+async fn the_recorded_pod_runs_as_recorded_with_its_configmap_and_token() {
+    let e = env();
+    let (server, _kdir, client) = cloud(&e).await;
+    server.seed_recorded_cluster();
+    server.remove("pods", "vehicle", "gateway-v9hb2");
+    // Its own uid: other tests may run the recorded pods in the same containerd.
+    let id = uid("recorded");
+    server.modify("pods", "vehicle", "telemetry-sv74m", |p| {
+        p["metadata"]["uid"] = json!(id)
+    });
+    let recorded = server.get("pods", "vehicle", "telemetry-sv74m").unwrap();
+    put(&e.store, &recorded);
+    let cri = CriClient::new(&e.socket);
+    let mut r = reconciler(&e, Some(client.clone()));
+    r.set_source_refresh(Duration::from_millis(200), Duration::from_millis(200));
+    reconcile_until(&mut r, 60, "both containers run", || async {
+        running(&cri, &id).await.len() == 2
+    })
+    .await;
+
+    let vol = e.data.join("pods").join(&id).join("volumes");
+    let read = |p: &str| std::fs::read_to_string(vol.join(p)).unwrap();
+    assert_eq!(read("configmap/cfg/app.conf"), "level=info\n");
+    let token = "projected/kube-api-access-7f6wp";
+    assert_eq!(
+        read(&format!("{token}/token")),
+        "fake-token-for-telemetry-sv74m"
+    );
+    assert_eq!(read(&format!("{token}/namespace")), "vehicle");
+    assert_eq!(read(&format!("{token}/ca.crt")), server.pki.ca_pem);
+    assert_eq!(read(&format!("{token}/service-ca.crt")), server.pki.ca_pem);
+
+    // The container sees them where the pod mounts them.
+    let app = running(&cri, &id)
+        .await
+        .into_iter()
+        .find(|c| c.labels.get(labels::CONTAINER_NAME).map(String::as_str) == Some("app"))
+        .unwrap();
+    assert_eq!(
+        exec(&cri, &app.id, &["cat", "/etc/app/app.conf"]).await,
+        "level=info\n"
+    );
+    assert_eq!(
+        exec(
+            &cri,
+            &app.id,
+            &[
+                "cat",
+                "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+            ]
+        )
+        .await,
+        "vehicle"
+    );
+
+    // An edit of the ConfigMap reaches the running container, atomically.
+    server.modify("configmaps", "vehicle", "telemetry-cfg", |c| {
+        c["data"]["app.conf"] = json!("level=debug\n")
+    });
+    let (cri2, app_id) = (cri.clone(), app.id.clone());
+    reconcile_until(&mut r, 30, "the edit is in the container", || {
+        let (cri2, app_id) = (cri2.clone(), app_id.clone());
+        async move { exec(&cri2, &app_id, &["cat", "/etc/app/app.conf"]).await == "level=debug\n" }
+    })
+    .await;
+
+    // The node asked for the token once (it is cached), got each object by name, and never
+    // listed Secrets or ConfigMaps (the Node authorizer forbids it).
+    let token_posts =
+        server.count(|q| q.method == "POST" && q.path.ends_with("/serviceaccounts/default/token"));
+    assert_eq!(token_posts, 1);
+    assert_eq!(
+        server.count(|q| q.path.ends_with("/configmaps") || q.path.ends_with("/secrets")),
+        0
+    );
+    assert!(
+        server.count(
+            |q| q.path == "/api/v1/namespaces/vehicle/configmaps/telemetry-cfg" && q.status == 200
+        ) >= 2
+    );
+
+    // A reboot without a link: the sandbox is gone, the apiserver unreachable. The pod comes
+    // back with its ConfigMap and token from the cache.
+    server.set_offline(true).await.unwrap();
+    for sb in cri
+        .list_pod_sandbox(HashMap::from([(labels::POD_UID.to_string(), id.clone())]))
+        .await
+        .unwrap()
+    {
+        cri.stop_pod_sandbox(&sb.id).await.unwrap();
+        cri.remove_pod_sandbox(&sb.id).await.unwrap();
+    }
+    std::fs::remove_dir_all(&vol).unwrap();
+    let mut r = reconciler(&e, Some(client));
+    reconcile_until(&mut r, 60, "the pod is back offline", || async {
+        running(&cri, &id).await.len() == 2
+    })
+    .await;
+    assert_eq!(read("configmap/cfg/app.conf"), "level=debug\n");
+    assert_eq!(
+        read(&format!("{token}/token")),
+        "fake-token-for-telemetry-sv74m"
+    );
+
+    remove(&e.store, &recorded);
+    r.reconcile().await.unwrap();
+    assert!(containers_of(&cri, &id).await.is_empty());
+}
+
+/// A pod whose ConfigMap does not exist waits with a condition that says so, and starts
+/// once the ConfigMap appears.
+#[tokio::test]
+async fn a_pod_waits_for_a_missing_configmap_and_starts_when_it_appears() {
+    let e = env();
+    let (server, _kdir, client) = cloud(&e).await;
+    let id = uid("waitcm");
+    let mut p = pod("waitcm", &id, "127.0.0.1:5000/busybox:1.0");
+    p["spec"]["containers"][0]["envFrom"] =
+        json!([{"configMapRef": {"name": "later"}, "prefix": "CFG_"}]);
+    server.apply("pods", p);
+    put(&e.store, &server.get("pods", "rt", "waitcm").unwrap());
+    let cri = CriClient::new(&e.socket);
+    let mut r = reconciler(&e, Some(client));
+    r.set_source_refresh(Duration::from_millis(100), Duration::from_millis(100));
+    let pass = r.reconcile().await.unwrap();
+    assert_eq!(pass.missing.len(), 1, "{pass:?}");
+    assert_eq!(
+        pass.missing[0].1.message,
+        "configmap \"rt/later\" not found"
+    );
+    let ready = server.get("pods", "rt", "waitcm").unwrap()["status"]["conditions"][0].clone();
+    assert_eq!(
+        (ready["reason"].as_str(), ready["status"].as_str()),
+        (Some("ConfigMapUnavailable"), Some("False"))
+    );
+    assert!(server
+        .get("events", "rt", "waitcm.edgehub-configmapunavailable")
+        .is_some());
+    assert!(containers_of(&cri, &id).await.is_empty());
+
+    server.apply(
+        "configmaps",
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "later", "namespace": "rt"},
+               "data": {"LEVEL": "warn"}}),
+    );
+    reconcile_until(&mut r, 30, "the pod runs", || async {
+        running(&cri, &id).await.len() == 1
+    })
+    .await;
+    let c = &running(&cri, &id).await[0];
+    assert!(exec(&cri, &c.id, &["env"]).await.contains("CFG_LEVEL=warn"));
+    remove(&e.store, &server.get("pods", "rt", "waitcm").unwrap());
+    r.reconcile().await.unwrap();
 }

@@ -427,6 +427,25 @@ impl ApiClient {
         .await
     }
 
+    /// POST to a subresource of an object, such as `serviceaccounts/NAME/token`.
+    pub async fn create_sub(
+        &self,
+        res: &Resource,
+        namespace: Option<&str>,
+        name: &str,
+        sub: &str,
+        body: Vec<u8>,
+    ) -> Result<String, KubeError> {
+        let request = Self::request_desc("create", res, Some(sub), namespace, Some(name));
+        self.call(
+            request,
+            Method::POST,
+            &res.object_path(namespace, name, Some(sub)),
+            Some(("application/json", body)),
+        )
+        .await
+    }
+
     /// PUT (replace) an object; the body's `metadata.resourceVersion` makes it conditional.
     pub async fn update(
         &self,

@@ -50,6 +50,25 @@ pub const EVENTS: Resource = Resource {
     plural: "events",
     namespaced: true,
 };
+pub const CONFIGMAPS: Resource = Resource {
+    group: "",
+    version: "v1",
+    plural: "configmaps",
+    namespaced: true,
+};
+pub const SECRETS: Resource = Resource {
+    group: "",
+    version: "v1",
+    plural: "secrets",
+    namespaced: true,
+};
+/// Only for the `token` subresource (TokenRequest).
+pub const SERVICE_ACCOUNTS: Resource = Resource {
+    group: "",
+    version: "v1",
+    plural: "serviceaccounts",
+    namespaced: true,
+};
 pub const CONTROLLER_REVISIONS: Resource = Resource {
     group: "apps",
     version: "v1",

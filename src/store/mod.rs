@@ -12,12 +12,14 @@
 mod objects;
 mod requests;
 mod schema;
+mod sources;
 
 pub use objects::{ApplyStats, Change, StoredObject};
 pub use requests::{
     NewRequest, QueuedStatus, Recorded, RequestKind, RequestRecord, TERMINAL_STATES,
 };
 pub use schema::{APPLICATION_ID, LATEST as SCHEMA_VERSION};
+pub use sources::{CachedSource, CachedToken, QueuedEvent};
 
 use rusqlite::{Connection, OpenFlags};
 use std::fs::{File, OpenOptions};
@@ -283,6 +285,57 @@ impl Store {
         requests::status_sent(&self.conn(), pod_uid, patch)
     }
 
+    pub fn put_source(&self, s: &CachedSource) -> Result<bool, StoreError> {
+        sources::put_source(&self.conn(), s)
+    }
+
+    pub fn get_source(
+        &self,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<CachedSource>, StoreError> {
+        sources::get_source(&self.conn(), kind, namespace, name)
+    }
+
+    pub fn source_keys(&self) -> Result<Vec<(String, String, String)>, StoreError> {
+        sources::source_keys(&self.conn())
+    }
+
+    pub fn delete_source(&self, kind: &str, namespace: &str, name: &str) -> Result<(), StoreError> {
+        sources::delete_source(&self.conn(), kind, namespace, name)
+    }
+
+    pub fn put_token(&self, t: &CachedToken) -> Result<(), StoreError> {
+        sources::put_token(&self.conn(), t)
+    }
+
+    pub fn get_token(
+        &self,
+        pod_uid: &str,
+        audience: &str,
+        expiration_secs: i64,
+    ) -> Result<Option<CachedToken>, StoreError> {
+        sources::get_token(&self.conn(), pod_uid, audience, expiration_secs)
+    }
+
+    /// Drops the tokens of pods not in `keep`; returns how many rows went.
+    pub fn retain_tokens(&self, keep: &[&str]) -> Result<usize, StoreError> {
+        sources::retain_tokens(&self.conn(), keep)
+    }
+
+    pub fn queue_event(&self, e: &QueuedEvent, now_ms: i64) -> Result<(), StoreError> {
+        sources::queue_event(&self.conn(), e, now_ms)
+    }
+
+    pub fn queued_events(&self) -> Result<Vec<QueuedEvent>, StoreError> {
+        sources::queued_events(&self.conn())
+    }
+
+    pub fn event_sent(&self, key: &str) -> Result<(), StoreError> {
+        sources::event_sent(&self.conn(), key)
+    }
+
     pub fn count(&self, kind: crate::object::Kind) -> Result<u64, StoreError> {
         objects::count(&self.conn(), kind)
     }
@@ -290,7 +343,9 @@ impl Store {
     fn clear_cache(&self) -> Result<(), StoreError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        tx.execute_batch("DELETE FROM objects; DELETE FROM sync_cursors;")?;
+        tx.execute_batch(
+            "DELETE FROM objects; DELETE FROM sync_cursors; DELETE FROM pod_sources; DELETE FROM sa_tokens;",
+        )?;
         tx.commit()?;
         Ok(())
     }

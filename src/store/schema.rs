@@ -60,6 +60,33 @@ const MIGRATIONS: &[&str] = &[
         patch      TEXT NOT NULL,
         queued_ms  INTEGER NOT NULL
     ) WITHOUT ROWID;",
+    // 3 -> 4: what pods need from the API besides themselves, kept for offline starts:
+    // the ConfigMaps and Secrets they reference (raw JSON as fetched), their service-account
+    // tokens, and Events waiting for the link. The file is 0600 in a 0700 directory, as the
+    // kubelet keeps the same secrets on disk in its tmpfs-less pod volumes.
+    "CREATE TABLE pod_sources (
+        kind        TEXT NOT NULL,
+        namespace   TEXT NOT NULL,
+        name        TEXT NOT NULL,
+        raw         TEXT,
+        fetched_ms  INTEGER NOT NULL,
+        PRIMARY KEY (kind, namespace, name)
+    ) WITHOUT ROWID;
+    CREATE TABLE sa_tokens (
+        pod_uid          TEXT NOT NULL,
+        audience         TEXT NOT NULL,
+        expiration_secs  INTEGER NOT NULL,
+        token            TEXT NOT NULL,
+        issued_ms        INTEGER NOT NULL,
+        expires_ms       INTEGER NOT NULL,
+        PRIMARY KEY (pod_uid, audience, expiration_secs)
+    ) WITHOUT ROWID;
+    CREATE TABLE event_queue (
+        key        TEXT PRIMARY KEY NOT NULL,
+        namespace  TEXT NOT NULL,
+        body       TEXT NOT NULL,
+        queued_ms  INTEGER NOT NULL
+    ) WITHOUT ROWID;",
 ];
 
 /// The schema version this binary writes.

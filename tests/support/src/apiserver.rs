@@ -458,6 +458,21 @@ impl FakeApiServer {
             &crate::fixture_body("controllerrevisions_list_rev1"),
         );
         self.apply("nodes", crate::fixture_body("node_get_self"));
+        // What the recorded pods reference: their ConfigMap, and the two CA bundles of the
+        // projected token volume (the recording's apiserver is OpenShift's build).
+        self.apply("configmaps", crate::fixture_body("configmap_get_as_node"));
+        let ca = self.pki.ca_pem.clone();
+        for (name, key) in [
+            ("kube-root-ca.crt", "ca.crt"),
+            ("openshift-service-ca.crt", "service-ca.crt"),
+        ] {
+            self.apply(
+                "configmaps",
+                json!({"apiVersion": "v1", "kind": "ConfigMap",
+                       "metadata": {"name": name, "namespace": "vehicle"},
+                       "data": {key: ca}}),
+            );
+        }
     }
 
     /// The current resourceVersion.
@@ -1024,6 +1039,49 @@ fn forbidden(user: &str, verb: &str, route: &Route, suffix: &str) -> Response<Bo
     )
 }
 
+/// Whether a pod references ConfigMap or Secret `name`: the Node authorizer's graph edges.
+fn pod_references(pod: &Value, plural: &str, name: &str) -> bool {
+    let is = |v: Option<&Value>| v.and_then(Value::as_str) == Some(name);
+    let arr = |v: &Value, p: &str| -> Vec<Value> {
+        v.pointer(p)
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let (vol, proj, key_ref, env_from) = if plural == "secrets" {
+        (
+            "/secret/secretName",
+            "/secret/name",
+            "/valueFrom/secretKeyRef/name",
+            "/secretRef/name",
+        )
+    } else {
+        (
+            "/configMap/name",
+            "/configMap/name",
+            "/valueFrom/configMapKeyRef/name",
+            "/configMapRef/name",
+        )
+    };
+    arr(pod, "/spec/volumes").iter().any(|v| {
+        is(v.pointer(vol))
+            || arr(v, "/projected/sources")
+                .iter()
+                .any(|s| is(s.pointer(proj)))
+    }) || ["/spec/containers", "/spec/initContainers"]
+        .iter()
+        .any(|list| {
+            arr(pod, list).iter().any(|c| {
+                arr(c, "/env").iter().any(|e| is(e.pointer(key_ref)))
+                    || arr(c, "/envFrom").iter().any(|e| is(e.pointer(env_from)))
+            })
+        })
+        || (plural == "secrets"
+            && arr(pod, "/spec/imagePullSecrets")
+                .iter()
+                .any(|s| is(s.get("name"))))
+}
+
 /// The Node authorizer and NodeRestriction, for the requests the fixtures recorded.
 fn authorize(
     state: &State,
@@ -1043,8 +1101,27 @@ fn authorize(
                 return Some(forbidden(user, v, route, ""));
             }
         }
-        "secrets" if route.name.is_none() => {
-            return Some(forbidden(user, v, route, ": No Object name found"));
+        "secrets" | "configmaps" => {
+            let Some(name) = &route.name else {
+                return Some(forbidden(user, v, route, ": No Object name found"));
+            };
+            let ns = route.namespace.clone().unwrap_or_default();
+            let db = lock(&state.db);
+            let related = v == "get"
+                && db.objects.iter().any(|((plural, pns, _), p)| {
+                    plural == "pods"
+                        && *pns == ns
+                        && p.pointer("/spec/nodeName").and_then(Value::as_str) == Some(node)
+                        && pod_references(p, rt.plural, name)
+                });
+            if !related {
+                return Some(forbidden(
+                    user,
+                    v,
+                    route,
+                    &format!(": no relationship found between node '{node}' and this object"),
+                ));
+            }
         }
         "pods" => {
             if let Some(name) = &route.name {

@@ -7,8 +7,8 @@
 //! rolls the `telemetry` DaemonSet to a new image (a second ControllerRevision appears), as the
 //! recording did.
 //!
-//! With `--runnable-pods` the recorded pods keep only their hostPath volumes and do not mount a
-//! service-account token, so an edgehub without ConfigMap and token volumes can run them.
+//! It also serves what the recorded pods reference (the ConfigMap `telemetry-cfg` and the CA
+//! bundles of their token volume) and answers TokenRequests, so edgehub runs them as recorded.
 //!
 //! Usage: fake-apiserver [--listen 127.0.0.1:6443] [--kubeconfig-dir DIR] [--roll-telemetry-after SECS]
 
@@ -20,7 +20,6 @@ async fn main() -> anyhow::Result<()> {
     let mut listen = "127.0.0.1:6443".to_string();
     let mut dir = PathBuf::from("fake-apiserver");
     let mut roll_after: Option<u64> = None;
-    let mut runnable = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -28,7 +27,6 @@ async fn main() -> anyhow::Result<()> {
             "--kubeconfig-dir" => {
                 dir = args.next().ok_or_else(|| anyhow::anyhow!("--kubeconfig-dir needs a value"))?.into()
             }
-            "--runnable-pods" => runnable = true,
             "--roll-telemetry-after" => {
                 roll_after = Some(
                     args.next()
@@ -36,14 +34,11 @@ async fn main() -> anyhow::Result<()> {
                         .parse()?,
                 )
             }
-            other => anyhow::bail!("unknown argument {other:?}; usage: fake-apiserver [--listen ADDR] [--kubeconfig-dir DIR] [--roll-telemetry-after SECS] [--runnable-pods]"),
+            other => anyhow::bail!("unknown argument {other:?}; usage: fake-apiserver [--listen ADDR] [--kubeconfig-dir DIR] [--roll-telemetry-after SECS]"),
         }
     }
     let server = FakeApiServer::start_on(listen.parse()?).await?;
     server.seed_recorded_cluster();
-    if runnable {
-        make_runnable(&server);
-    }
     let kc = server.write_kubeconfig(&dir, NODE_TOKEN)?;
     println!(
         "fake apiserver on {} (node edge-1); kubeconfig: {}",
@@ -67,40 +62,4 @@ async fn main() -> anyhow::Result<()> {
     }
     tokio::signal::ctrl_c().await?;
     Ok(())
-}
-
-/// Strips the recorded pods down to what edgehub runs today: hostPath volumes only, no
-/// service-account token.
-fn make_runnable(server: &FakeApiServer) {
-    for pod in server.list("pods") {
-        let ns = pod["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or("")
-            .to_string();
-        let name = pod["metadata"]["name"].as_str().unwrap_or("").to_string();
-        server.modify("pods", &ns, &name, |p| {
-            let keep: Vec<serde_json::Value> = p["spec"]["volumes"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-                .into_iter()
-                .filter(|v| v.get("hostPath").is_some())
-                .collect();
-            let names: Vec<String> = keep
-                .iter()
-                .filter_map(|v| v["name"].as_str().map(str::to_string))
-                .collect();
-            p["spec"]["volumes"] = serde_json::Value::Array(keep);
-            p["spec"]["automountServiceAccountToken"] = false.into();
-            for c in p["spec"]["containers"].as_array_mut().into_iter().flatten() {
-                if let Some(ms) = c.get_mut("volumeMounts").and_then(|m| m.as_array_mut()) {
-                    ms.retain(|m| {
-                        m["name"]
-                            .as_str()
-                            .is_some_and(|n| names.iter().any(|k| k == n))
-                    });
-                }
-            }
-        });
-    }
 }

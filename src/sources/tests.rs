@@ -1,0 +1,174 @@
+use super::fetch::{token_due, token_request};
+use super::*;
+use crate::object::ObjectIndex;
+use crate::store::StoredObject;
+use serde_json::json;
+
+fn fixture(name: &str) -> Value {
+    let path = format!(
+        "{}/tests/fixtures/apiserver/{name}.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn recorded_pod(name: &str) -> Value {
+    fixture("pods_list_node")["response"]["body"]["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["metadata"]["name"] == name)
+        .unwrap()
+        .clone()
+}
+
+#[test]
+fn the_recorded_pod_references_its_configmaps_and_token() {
+    let refs = references(&recorded_pod("telemetry-sv74m"));
+    assert_eq!(
+        refs,
+        vec![
+            SourceRef::ConfigMap {
+                name: "kube-root-ca.crt".into()
+            },
+            SourceRef::ConfigMap {
+                name: "openshift-service-ca.crt".into()
+            },
+            SourceRef::ConfigMap {
+                name: "telemetry-cfg".into()
+            },
+            SourceRef::Token {
+                service_account: "default".into(),
+                audience: String::new(),
+                expiration_secs: 3607
+            },
+        ]
+    );
+}
+
+#[test]
+fn every_kind_of_reference_is_found_once() {
+    let pod = json!({"spec": {
+        "serviceAccountName": "sa",
+        "imagePullSecrets": [{"name": "reg"}, {"name": ""}],
+        "volumes": [
+            {"name": "a", "secret": {"secretName": "s1"}},
+            {"name": "b", "projected": {"sources": [
+                {"secret": {"name": "s2"}},
+                {"serviceAccountToken": {"audience": "vault", "expirationSeconds": 60, "path": "t"}}
+            ]}}
+        ],
+        "initContainers": [{"envFrom": [{"configMapRef": {"name": "c1"}}]}],
+        "containers": [{
+            "env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "s1", "key": "k"}}},
+                    {"name": "Y", "valueFrom": {"configMapKeyRef": {"name": "c2", "key": "k"}}}],
+            "envFrom": [{"secretRef": {"name": "s3"}}]
+        }]
+    }});
+    let refs = references(&pod);
+    let names: Vec<String> = refs
+        .iter()
+        .map(|r| match r {
+            SourceRef::ConfigMap { name } => format!("cm/{name}"),
+            SourceRef::Secret { name } => format!("secret/{name}"),
+            SourceRef::Token {
+                service_account,
+                audience,
+                expiration_secs,
+            } => format!("token/{service_account}/{audience}/{expiration_secs}"),
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "cm/c1",
+            "cm/c2",
+            "secret/reg",
+            "secret/s1",
+            "secret/s2",
+            "secret/s3",
+            // Below the apiserver's minimum lifetime: asked for at the minimum.
+            "token/sa/vault/600"
+        ]
+    );
+}
+
+#[test]
+fn configmap_and_secret_data_decode() {
+    let cm = fixture("configmap_get_as_node")["response"]["body"].to_string();
+    let d = decode_data("configmaps", &cm).unwrap();
+    assert_eq!(d["app.conf"], b"level=info\n");
+
+    let cm = json!({"data": {"t": "x"}, "binaryData": {"b": "AAEC"}}).to_string();
+    let d = decode_data("configmaps", &cm).unwrap();
+    assert_eq!(
+        (d["t"].as_slice(), d["b"].as_slice()),
+        (&b"x"[..], &[0u8, 1, 2][..])
+    );
+
+    let sec = json!({"data": {"password": "czNjcmV0"}}).to_string();
+    assert_eq!(decode_data("secrets", &sec).unwrap()["password"], b"s3cret");
+    for bad in ["{", r#"{"data": {"k": 1}}"#] {
+        assert!(decode_data("configmaps", bad).is_err(), "{bad}");
+    }
+    assert!(decode_data("secrets", r#"{"data": {"k": "not base64!"}}"#).is_err());
+}
+
+#[test]
+fn registry_credentials_match_the_image_registry() {
+    assert_eq!(registry_of("busybox"), "docker.io");
+    assert_eq!(registry_of("library/busybox:1"), "docker.io");
+    assert_eq!(registry_of("127.0.0.1:5000/busybox:1.0"), "127.0.0.1:5000");
+    assert_eq!(
+        registry_of("registry.example/a/b@sha256:00"),
+        "registry.example"
+    );
+    assert_eq!(registry_of("localhost/x"), "localhost");
+
+    let data = |j: Value| -> Data {
+        Data::from([(".dockerconfigjson".to_string(), j.to_string().into_bytes())])
+    };
+    let hub =
+        data(json!({"auths": {"https://index.docker.io/v1/": {"username": "u", "password": "p"}}}));
+    let local = data(json!({"auths": {"127.0.0.1:5000": {"auth": "YWRtaW46c2VjcmV0"}}}));
+    let a = auth_for("busybox:1", &[&local, &hub]).unwrap();
+    assert_eq!(
+        (a.username.as_str(), a.password.as_str(), a.server.as_str()),
+        ("u", "p", "docker.io")
+    );
+    let a = auth_for("127.0.0.1:5000/busybox:1.0", &[&hub, &local]).unwrap();
+    assert_eq!(
+        (a.username.as_str(), a.password.as_str()),
+        ("admin", "secret")
+    );
+    assert_eq!(auth_for("quay.io/x", &[&hub, &local]), None);
+    let garbage = Data::from([(".dockerconfigjson".to_string(), b"nope".to_vec())]);
+    assert_eq!(auth_for("busybox", &[&garbage]), None);
+}
+
+#[test]
+fn tokens_renew_after_eighty_percent_of_their_life() {
+    let (issued, expires) = (1_000_000, 1_000_000 + 3_600_000);
+    assert!(!token_due(issued + 2_879_999, issued, expires));
+    assert!(token_due(issued + 2_880_000, issued, expires));
+    assert!(token_due(expires + 1, issued, expires));
+    assert!(token_due(0, 10, 5), "a nonsense record is renewed");
+}
+
+#[test]
+fn the_token_request_is_the_recorded_one() {
+    // The recording asked for the replacement pod's token; the list shows its sibling.
+    let recorded = fixture("serviceaccount_token_for_pod_as_node")["request"]["body"].clone();
+    let mut raw = recorded_pod("telemetry-sv74m");
+    raw["metadata"]["name"] = recorded["spec"]["boundObjectRef"]["name"].clone();
+    raw["metadata"]["uid"] = recorded["spec"]["boundObjectRef"]["uid"].clone();
+    let pod = StoredObject {
+        index: ObjectIndex::from_raw(crate::object::Kind::Pod, &raw.to_string()).unwrap(),
+        raw: raw.to_string(),
+    };
+    let (audience, exp) =
+        token_params(&raw["spec"]["volumes"][2]["projected"]["sources"][0]["serviceAccountToken"]);
+    assert_eq!(token_request(&pod, &audience, exp), recorded);
+    let with_audience = token_request(&pod, "vault", 600);
+    assert_eq!(with_audience["spec"]["audiences"], json!(["vault"]));
+}

@@ -1,0 +1,279 @@
+//! Pod volumes on the host: directories for `emptyDir`, checks for `hostPath`, and the files
+//! of `configMap`, `secret`, `downwardAPI` and `projected` volumes.
+//!
+//! File volumes are written the way the kubelet's AtomicWriter does it, because containers
+//! read them while they change (a token renewal, a ConfigMap edit):
+//!
+//! ```text
+//! <volume>/..2026_11_29_21_40_00.123456789/app.conf   the payload, one directory per version
+//! <volume>/..data -> ..2026_11_29_21_40_00.123456789   swapped with one rename(2)
+//! <volume>/app.conf -> ..data/app.conf                 stable names for the container
+//! ```
+//!
+//! A reader sees the old version or the new one, never a mix, and a power cut leaves one of
+//! them in place. An unchanged payload is not rewritten (flash wear).
+
+use crate::podspec::{PodContext, PodPlan, Unsupported, VolumeFile, VolumePlan};
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+const DATA: &str = "..data";
+
+fn fail(name: &str, reason: String) -> Unsupported {
+    Unsupported {
+        field: format!("volume {name}"),
+        reason,
+    }
+}
+
+fn mkdir(path: &Path, mode: u32) -> std::io::Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(path)
+}
+
+/// Creates what the pod's volumes need on the host, checks hostPath types and writes file
+/// volumes. Returns how many file volumes changed.
+pub fn prepare(plan: &PodPlan, ctx: &PodContext) -> Result<usize, Unsupported> {
+    mkdir(&ctx.log_dir, 0o750).map_err(|e| {
+        fail(
+            "logs",
+            format!("cannot create {}: {e}", ctx.log_dir.display()),
+        )
+    })?;
+    let mut changed = 0;
+    for v in &plan.volumes {
+        match v {
+            VolumePlan::EmptyDir { name, path } => mkdir(path, 0o777)
+                .map_err(|e| fail(name, format!("cannot create {}: {e}", path.display())))?,
+            VolumePlan::HostPath { name, path, kind } => check_host_path(name, path, kind)?,
+            VolumePlan::Files { name, path, files } => {
+                if write_files(path, files)
+                    .map_err(|e| fail(name, format!("cannot write {}: {e}", path.display())))?
+                {
+                    changed += 1;
+                }
+            }
+        }
+    }
+    Ok(changed)
+}
+
+/// Rewrites only the file volumes (on every pass, so renewed tokens and edited ConfigMaps
+/// reach running containers). Returns how many changed.
+pub fn refresh_files(plan: &PodPlan) -> Result<usize, Unsupported> {
+    let mut changed = 0;
+    for v in &plan.volumes {
+        if let VolumePlan::Files { name, path, files } = v {
+            if write_files(path, files)
+                .map_err(|e| fail(name, format!("cannot write {}: {e}", path.display())))?
+            {
+                changed += 1;
+            }
+        }
+    }
+    Ok(changed)
+}
+
+fn check_host_path(name: &str, path: &Path, kind: &str) -> Result<(), Unsupported> {
+    let meta = std::fs::metadata(path);
+    let ok = match (kind, &meta) {
+        ("", _) => true,
+        ("DirectoryOrCreate", Err(_)) => {
+            mkdir(path, 0o755)
+                .map_err(|e| fail(name, format!("cannot create {}: {e}", path.display())))?;
+            true
+        }
+        ("FileOrCreate", Err(_)) => {
+            if let Some(dir) = path.parent() {
+                let _ = std::fs::create_dir_all(dir);
+            }
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|e| fail(name, format!("cannot create {}: {e}", path.display())))?;
+            true
+        }
+        ("DirectoryOrCreate" | "Directory", Ok(m)) => m.is_dir(),
+        ("FileOrCreate" | "File", Ok(m)) => m.is_file(),
+        ("Socket", Ok(m)) => m.file_type().is_socket(),
+        ("CharDevice", Ok(m)) => m.file_type().is_char_device(),
+        ("BlockDevice", Ok(m)) => m.file_type().is_block_device(),
+        _ => false,
+    };
+    if !ok {
+        return Err(fail(
+            name,
+            format!("hostPath {} is not a {kind}", path.display()),
+        ));
+    }
+    Ok(())
+}
+
+/// Whether `dir/..data` already holds exactly `files` (contents, modes, nothing else).
+fn unchanged(dir: &Path, files: &[VolumeFile]) -> bool {
+    let data = dir.join(DATA);
+    let mut want = BTreeSet::new();
+    for f in files {
+        let p = data.join(&f.path);
+        let same = std::fs::symlink_metadata(&p)
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o7777 == f.mode)
+            && std::fs::read(&p).is_ok_and(|b| b == f.data);
+        if !same {
+            return false;
+        }
+        want.insert(PathBuf::from(&f.path));
+    }
+    let mut have = BTreeSet::new();
+    if list_files(&data, Path::new(""), &mut have).is_err() {
+        return false;
+    }
+    have == want
+}
+
+fn list_files(root: &Path, rel: &Path, out: &mut BTreeSet<PathBuf>) -> std::io::Result<()> {
+    for e in std::fs::read_dir(root.join(rel))? {
+        let e = e?;
+        let r = rel.join(e.file_name());
+        if e.file_type()?.is_dir() {
+            list_files(root, &r, out)?;
+        } else {
+            out.insert(r);
+        }
+    }
+    Ok(())
+}
+
+/// Writes a file volume atomically; returns whether anything changed.
+pub fn write_files(dir: &Path, files: &[VolumeFile]) -> std::io::Result<bool> {
+    mkdir(dir, 0o755)?;
+    if unchanged(dir, files) {
+        return Ok(false);
+    }
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let version = format!("..{stamp}");
+    let vdir = dir.join(&version);
+    mkdir(&vdir, 0o755)?;
+    // 0755 regardless of umask, so a container running as another user can read.
+    std::fs::set_permissions(&vdir, std::fs::Permissions::from_mode(0o755))?;
+    for f in files {
+        let p = vdir.join(&f.path);
+        if let Some(parent) = p.parent() {
+            mkdir(parent, 0o755)?;
+        }
+        let mut out = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(f.mode)
+            .open(&p)?;
+        out.write_all(&f.data)?;
+        out.sync_all()?;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(f.mode))?;
+    }
+    // Swap `..data` in one rename.
+    let tmp = dir.join("..data_tmp");
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(&version, &tmp)?;
+    std::fs::rename(&tmp, dir.join(DATA))?;
+    // Stable top-level names, and none for what is gone.
+    let top: BTreeSet<String> = files
+        .iter()
+        .filter_map(|f| f.path.split('/').next().map(str::to_string))
+        .collect();
+    for t in &top {
+        let link = dir.join(t);
+        if std::fs::symlink_metadata(&link).is_err() {
+            std::os::unix::fs::symlink(Path::new(DATA).join(t), &link)?;
+        }
+    }
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with("..") {
+            if name != DATA && name != version && e.file_type()?.is_dir() {
+                std::fs::remove_dir_all(e.path())?;
+            }
+        } else if !top.contains(&name) && e.file_type()?.is_symlink() {
+            std::fs::remove_file(e.path())?;
+        }
+    }
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(path: &str, data: &str, mode: u32) -> VolumeFile {
+        VolumeFile {
+            path: path.into(),
+            data: data.as_bytes().to_vec(),
+            mode,
+        }
+    }
+
+    #[test]
+    fn writes_swaps_and_skips_unchanged_payloads() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("cfg");
+        let v1 = vec![
+            file("app.conf", "level=info\n", 0o644),
+            file("sub/x", "1", 0o600),
+        ];
+        assert!(write_files(&dir, &v1).unwrap());
+        assert_eq!(
+            std::fs::read_to_string(dir.join("app.conf")).unwrap(),
+            "level=info\n"
+        );
+        assert_eq!(std::fs::read_to_string(dir.join("sub/x")).unwrap(), "1");
+        let mode = std::fs::metadata(dir.join("sub/x"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let target = std::fs::read_link(dir.join(DATA)).unwrap();
+
+        // Same payload: nothing written, same version directory.
+        assert!(!write_files(&dir, &v1).unwrap());
+        assert_eq!(std::fs::read_link(dir.join(DATA)).unwrap(), target);
+
+        // New payload: new version, old one gone, dropped key's link gone.
+        let v2 = vec![file("app.conf", "level=debug\n", 0o644)];
+        assert!(write_files(&dir, &v2).unwrap());
+        assert_ne!(std::fs::read_link(dir.join(DATA)).unwrap(), target);
+        assert_eq!(
+            std::fs::read_to_string(dir.join("app.conf")).unwrap(),
+            "level=debug\n"
+        );
+        assert!(std::fs::symlink_metadata(dir.join("sub")).is_err());
+        let versions = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter(|e| {
+                let n = e.as_ref().unwrap().file_name();
+                let n = n.to_string_lossy();
+                n.starts_with("..") && n != DATA
+            })
+            .count();
+        assert_eq!(versions, 1);
+
+        // A mode change alone is a change.
+        let v3 = vec![file("app.conf", "level=debug\n", 0o640)];
+        assert!(write_files(&dir, &v3).unwrap());
+    }
+
+    #[test]
+    fn an_empty_volume_is_an_empty_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("opt");
+        assert!(write_files(&dir, &[]).unwrap());
+        assert!(!write_files(&dir, &[]).unwrap());
+        assert!(dir.join(DATA).is_dir());
+    }
+}
