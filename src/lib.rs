@@ -25,6 +25,7 @@ pub mod node;
 pub mod notify;
 pub mod object;
 pub mod podspec;
+pub mod probe;
 pub mod revision;
 pub mod runtime;
 pub mod sources;

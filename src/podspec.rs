@@ -5,6 +5,7 @@
 //! other pods instead of running something different from what was asked.
 
 use crate::cri::{api, labels};
+use crate::probe::{ProbeAction, ProbeSpec};
 use crate::sources::{self, Data, Lookup, RegistryAuth, Sources};
 use serde_json::Value;
 use std::collections::HashMap;
@@ -134,6 +135,8 @@ pub struct ContainerPlan {
     /// Registry credentials from the pod's imagePullSecrets, when one names the image's
     /// registry.
     pub auth: Option<RegistryAuth>,
+    pub liveness: Option<ProbeSpec>,
+    pub readiness: Option<ProbeSpec>,
     pub config: api::ContainerConfig,
 }
 
@@ -1178,13 +1181,120 @@ fn container(
         ..Default::default()
     };
     let auth = sources::auth_for(&image, pull_secrets);
+    // Init containers run to completion; probes on them are refused by the apiserver.
+    let (liveness, readiness) = if init {
+        (None, None)
+    } else {
+        (
+            probe(c, "livenessProbe", field)?,
+            probe(c, "readinessProbe", field)?,
+        )
+    };
     Ok(ContainerPlan {
         name,
         image,
         pull_policy,
         auth,
+        liveness,
+        readiness,
         config,
     })
+}
+
+/// A probe port: a number, or the name of one of the container's ports.
+fn probe_port(c: &Value, v: Option<&Value>, field: &str) -> Result<u16, Unsupported> {
+    let port = match v {
+        Some(Value::Number(n)) => n.as_u64(),
+        Some(Value::String(name)) => items(c, "ports")
+            .find(|(_, p)| s(p, "/name") == name)
+            .and_then(|(_, p)| p.get("containerPort").and_then(Value::as_u64)),
+        _ => None,
+    };
+    port.filter(|p| (1..=65535).contains(p))
+        .map(|p| p as u16)
+        .ok_or_else(|| {
+            unsupported(
+                format!("{field}.port"),
+                "not a port number or a named container port",
+            )
+        })
+}
+
+fn probe(c: &Value, key: &str, field: &str) -> Result<Option<ProbeSpec>, Unsupported> {
+    let Some(p) = c.get(key).filter(|p| !p.is_null()) else {
+        return Ok(None);
+    };
+    let field = format!("{field}.{key}");
+    let secs = |k: &str, default: u64| {
+        std::time::Duration::from_secs(p.get(k).and_then(Value::as_u64).unwrap_or(default))
+    };
+    let count = |k: &str, default: u64| {
+        p.get(k)
+            .and_then(Value::as_u64)
+            .unwrap_or(default)
+            .clamp(1, 1_000) as u32
+    };
+    let action = if let Some(e) = p.get("exec") {
+        let cmd: Vec<String> = items(e, "command")
+            .filter_map(|(_, a)| a.as_str().map(str::to_string))
+            .collect();
+        if cmd.is_empty() {
+            return Err(unsupported(
+                format!("{field}.exec.command"),
+                "must not be empty",
+            ));
+        }
+        ProbeAction::Exec(cmd)
+    } else if let Some(h) = p.get("httpGet") {
+        let f = format!("{field}.httpGet");
+        if !matches!(s(h, "/scheme"), "" | "HTTP") {
+            return Err(unsupported(
+                format!("{f}.scheme"),
+                "only HTTP probes are supported",
+            ));
+        }
+        let path = match s(h, "/path") {
+            "" => "/".to_string(),
+            p if p.starts_with('/') => p.to_string(),
+            p => format!("/{p}"),
+        };
+        ProbeAction::HttpGet {
+            host: Some(s(h, "/host").to_string()).filter(|h| !h.is_empty()),
+            port: probe_port(c, h.get("port"), &f)?,
+            path,
+            headers: items(h, "httpHeaders")
+                .map(|(_, kv)| (s(kv, "/name").to_string(), s(kv, "/value").to_string()))
+                .filter(|(k, _)| !k.is_empty())
+                .collect(),
+        }
+    } else if let Some(t) = p.get("tcpSocket") {
+        let f = format!("{field}.tcpSocket");
+        ProbeAction::TcpSocket {
+            host: Some(s(t, "/host").to_string()).filter(|h| !h.is_empty()),
+            port: probe_port(c, t.get("port"), &f)?,
+        }
+    } else {
+        let kind = p
+            .as_object()
+            .and_then(|m| {
+                m.keys()
+                    .find(|k| !k.ends_with("Seconds") && !k.ends_with("Threshold"))
+                    .cloned()
+            })
+            .unwrap_or_else(|| "handler".into());
+        return Err(unsupported(
+            format!("{field}.{kind}"),
+            "only exec, httpGet and tcpSocket probes are supported",
+        ));
+    };
+    Ok(Some(ProbeSpec {
+        action,
+        initial_delay: secs("initialDelaySeconds", 0),
+        period: secs("periodSeconds", 10).max(std::time::Duration::from_secs(1)),
+        timeout: secs("timeoutSeconds", 1).max(std::time::Duration::from_secs(1)),
+        success_threshold: count("successThreshold", 1),
+        failure_threshold: count("failureThreshold", 3),
+    }))
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ use crate::object::Kind;
 use crate::podspec::{
     self, Missing, PlanError, PodContext, PodPlan, PullPolicy, RestartPolicy, Unsupported,
 };
+use crate::probe::{self, ProbeSpec, ProbeState};
 use crate::sources::fetch::{self, Fetcher};
 use crate::store::{QueuedEvent, Store, StoredObject};
 use serde_json::Value;
@@ -79,6 +80,10 @@ pub struct Pass {
     pub volumes_updated: usize,
     /// Pods waiting for a ConfigMap, Secret or token edgehub does not have.
     pub missing: Vec<(String, Missing)>,
+    /// Liveness and readiness probes run.
+    pub probes_run: usize,
+    /// Containers stopped because their liveness probe failed.
+    pub liveness_kills: usize,
     /// Pods that cannot run, and why.
     pub unsupported: Vec<(String, Unsupported)>,
 }
@@ -104,6 +109,33 @@ pub struct Reconciler<R: CriRuntime> {
     reported: HashMap<String, String>,
     /// Fetches what pods reference; `None` without an apiserver.
     fetcher: Option<Fetcher>,
+    /// Probe history per (pod uid, container name).
+    probes: HashMap<(String, String), ContainerProbes>,
+}
+
+/// The probes of one running container; replaced when the container is.
+struct ContainerProbes {
+    id: String,
+    liveness: Option<ProbeState>,
+    readiness: Option<ProbeState>,
+    liveness_spec: Option<ProbeSpec>,
+    readiness_spec: Option<ProbeSpec>,
+}
+
+impl ContainerProbes {
+    fn next_due(&self) -> Option<Instant> {
+        let due = |st: &Option<ProbeState>, sp: &Option<ProbeSpec>| match (st, sp) {
+            (Some(st), Some(sp)) => Some(st.due_at(sp)),
+            _ => None,
+        };
+        [
+            due(&self.liveness, &self.liveness_spec),
+            due(&self.readiness, &self.readiness_spec),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
 }
 
 /// The label selector of this node's edgehub objects.
@@ -141,6 +173,7 @@ impl<R: CriRuntime> Reconciler<R> {
             restarts: HashMap::new(),
             reported: HashMap::new(),
             fetcher,
+            probes: HashMap::new(),
         }
     }
 
@@ -161,8 +194,16 @@ impl<R: CriRuntime> Reconciler<R> {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut failing = false;
         loop {
+            let probe_at = self.next_probe_at();
+            let probe_due = async move {
+                match probe_at {
+                    Some(t) => tokio::time::sleep_until(t.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = tick.tick() => {}
+                _ = probe_due => {}
                 r = changes.changed() => { if r.is_err() { return; } }
                 _ = shutdown.changed() => return,
             }
@@ -184,6 +225,113 @@ impl<R: CriRuntime> Reconciler<R> {
                 }
             }
         }
+    }
+
+    /// When the next probe is due, so the loop wakes for it.
+    fn next_probe_at(&self) -> Option<Instant> {
+        self.probes
+            .values()
+            .filter_map(ContainerProbes::next_due)
+            .min()
+    }
+
+    /// Runs the pod's due probes. A readiness verdict shows in the next status; a liveness
+    /// failure stops the container, which is then restarted per restartPolicy (with the
+    /// crash-loop backoff), as the kubelet does.
+    async fn probe_pod(
+        &mut self,
+        pod: &StoredObject,
+        plan: &PodPlan,
+        containers: &[api::Container],
+        pass: &mut Pass,
+    ) -> Result<(), RuntimeError> {
+        let mine: Vec<&api::Container> = containers
+            .iter()
+            .filter(|c| c.labels.get(labels::POD_UID) == Some(&plan.uid))
+            .collect();
+        let ip = plan.pod_ip.clone().unwrap_or_else(|| "127.0.0.1".into());
+        for cp in &plan.containers {
+            let key = (plan.uid.clone(), cp.name.clone());
+            if cp.liveness.is_none() && cp.readiness.is_none() {
+                continue;
+            }
+            let Some(c) = latest(&mine, &cp.name)
+                .filter(|c| c.state == api::ContainerState::ContainerRunning as i32)
+            else {
+                self.probes.remove(&key);
+                continue;
+            };
+            let now = Instant::now();
+            let entry = self
+                .probes
+                .entry(key.clone())
+                .or_insert_with(|| ContainerProbes {
+                    id: String::new(),
+                    liveness: None,
+                    readiness: None,
+                    liveness_spec: None,
+                    readiness_spec: None,
+                });
+            if entry.id != c.id {
+                *entry = ContainerProbes {
+                    id: c.id.clone(),
+                    liveness: cp.liveness.as_ref().map(|_| ProbeState::new(now)),
+                    readiness: cp.readiness.as_ref().map(|_| ProbeState::new(now)),
+                    liveness_spec: cp.liveness.clone(),
+                    readiness_spec: cp.readiness.clone(),
+                };
+            }
+            if let (Some(st), Some(sp)) = (entry.readiness.as_mut(), cp.readiness.as_ref()) {
+                if st.due_at(sp) <= now {
+                    let outcome = probe::run(&self.cri, &c.id, &ip, sp).await;
+                    pass.probes_run += 1;
+                    if let Some(v) = st.record(Instant::now(), outcome, sp) {
+                        tracing::info!(pod = %plan.name, container = %cp.name, ready = v,
+                            error = st.last_error.as_deref().unwrap_or(""), "readiness changed");
+                    }
+                }
+            }
+            let mut kill = None;
+            if let (Some(st), Some(sp)) = (entry.liveness.as_mut(), cp.liveness.as_ref()) {
+                if st.due_at(sp) <= now {
+                    let outcome = probe::run(&self.cri, &c.id, &ip, sp).await;
+                    pass.probes_run += 1;
+                    if st.record(Instant::now(), outcome, sp) == Some(false) {
+                        kill = Some(st.last_error.clone().unwrap_or_default());
+                    }
+                }
+            }
+            if let Some(why) = kill {
+                let message = format!(
+                    "Liveness probe of container {} failed: {why}; restarting it",
+                    cp.name
+                );
+                tracing::warn!(pod = %plan.name, container = %cp.name, error = %why, "liveness probe failed; stopping the container");
+                self.probes.remove(&key);
+                self.ignore_missing(self.cri.stop_container(&c.id, plan.grace_period_secs).await)?;
+                pass.liveness_kills += 1;
+                let ev = warning_event(
+                    pod,
+                    "Unhealthy",
+                    &message,
+                    &self.node_name,
+                    &crate::time::now(),
+                );
+                self.store.queue_event(
+                    &QueuedEvent {
+                        key: format!(
+                            "{}/{}",
+                            pod.index.namespace,
+                            ev["metadata"]["name"].as_str().unwrap_or_default()
+                        ),
+                        namespace: pod.index.namespace.clone(),
+                        body: ev.to_string(),
+                    },
+                    now_ms(),
+                )?;
+            }
+        }
+        Ok(())
     }
 
     fn pod_dir(&self, uid: &str) -> PathBuf {
@@ -236,6 +384,7 @@ impl<R: CriRuntime> Reconciler<R> {
                 .await
             {
                 Ok(plan) => {
+                    self.probe_pod(pod, &plan, &containers, &mut pass).await?;
                     let status = self.observe(&plan, &sandboxes, &containers).await?;
                     self.queue_status(pod, status)?;
                     self.reported.remove(&pod.index.uid);
@@ -284,6 +433,8 @@ impl<R: CriRuntime> Reconciler<R> {
                 Err(EnsureError::Runtime(e)) => return Err(e),
             }
         }
+
+        self.probes.retain(|(uid, _), _| wanted.contains(uid));
 
         // Sandboxes of pods that are gone or being deleted: stop within the grace period and
         // remove. Deleting pods are then finished on the apiserver.
@@ -462,7 +613,7 @@ impl<R: CriRuntime> Reconciler<R> {
         for group in [&init, &app] {
             let mut out = Vec::new();
             for (p, c) in group.iter() {
-                out.push(self.view(p, c.as_ref()).await?);
+                out.push(self.view(&plan.uid, p, c.as_ref()).await?);
             }
             to_view.push(out);
         }
@@ -480,6 +631,7 @@ impl<R: CriRuntime> Reconciler<R> {
 
     async fn view(
         &self,
+        uid: &str,
         p: &podspec::ContainerPlan,
         c: Option<&api::Container>,
     ) -> Result<ContainerView, CriError> {
@@ -493,6 +645,7 @@ impl<R: CriRuntime> Reconciler<R> {
                 image_id: String::new(),
                 restart_count: 0,
                 state: creating(),
+                ready: false,
             });
         };
         let st = match self.cri.container_status(&c.id).await {
@@ -524,12 +677,25 @@ impl<R: CriRuntime> Reconciler<R> {
             }
             _ => creating(),
         };
+        let passing = match &p.readiness {
+            None => true,
+            Some(_) => {
+                self.probes
+                    .get(&(uid.to_string(), p.name.clone()))
+                    .filter(|e| e.id == c.id)
+                    .and_then(|e| e.readiness.as_ref())
+                    .and_then(|s| s.verdict)
+                    == Some(true)
+            }
+        };
+        let ready = matches!(state, ViewState::Running { .. }) && passing;
         Ok(ContainerView {
             name: p.name.clone(),
             image: p.image.clone(),
             image_id: st.map(|s| s.image_ref).unwrap_or_default(),
             restart_count: c.metadata.as_ref().map(|m| m.attempt).unwrap_or(0),
             state,
+            ready,
         })
     }
 
@@ -811,6 +977,8 @@ pub struct ContainerView {
     pub image_id: String,
     pub restart_count: u32,
     pub state: ViewState,
+    /// Running and, when it has a readiness probe, passing it.
+    pub ready: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -868,12 +1036,13 @@ fn without_nulls(v: &Value) -> Value {
 
 fn container_status_json(c: &ContainerView) -> Value {
     let running = matches!(c.state, ViewState::Running { .. });
+    let ready = c.ready;
     serde_json::json!({
         "name": c.name,
         "image": c.image,
         "imageID": c.image_id,
         "restartCount": c.restart_count,
-        "ready": running,
+        "ready": ready,
         "started": running,
         "state": state_json(&c.state),
     })
@@ -893,10 +1062,7 @@ pub fn pod_status(
     let init_done = init
         .iter()
         .all(|c| matches!(c.state, ViewState::Terminated { exit_code: 0, .. }));
-    let all_running = !app.is_empty()
-        && app
-            .iter()
-            .all(|c| matches!(c.state, ViewState::Running { .. }));
+    let all_ready = !app.is_empty() && app.iter().all(|c| c.ready);
     let all_done = !app.is_empty()
         && app
             .iter()
@@ -925,8 +1091,8 @@ pub fn pod_status(
         "conditions": [
             {"type": "PodScheduled", "status": "True"},
             {"type": "Initialized", "status": tf(init_done)},
-            {"type": "ContainersReady", "status": tf(all_running)},
-            {"type": "Ready", "status": tf(all_running)},
+            {"type": "ContainersReady", "status": tf(all_ready)},
+            {"type": "Ready", "status": tf(all_ready)},
         ],
         "containerStatuses": app.iter().map(container_status_json).collect::<Vec<_>>(),
     });
@@ -1069,6 +1235,7 @@ mod tests {
             image: "img:1".into(),
             image_id: "img@sha256:x".into(),
             restart_count: 0,
+            ready: matches!(state, ViewState::Running { .. }),
             state,
         }
     }

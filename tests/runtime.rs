@@ -667,3 +667,80 @@ async fn a_pod_waits_for_a_missing_configmap_and_starts_when_it_appears() {
     remove(&e.store, &server.get("pods", "rt", "waitcm").unwrap());
     r.reconcile().await.unwrap();
 }
+
+fn ready_of(server: &edgehub_testsupport::FakeApiServer, name: &str) -> (String, bool) {
+    let st = server.get("pods", "rt", name).unwrap()["status"].clone();
+    let cond = st["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == "Ready")
+        .map(|c| c["status"].as_str().unwrap_or("").to_string())
+        .unwrap_or_default();
+    let ready = st["containerStatuses"][0]["ready"]
+        .as_bool()
+        .unwrap_or(false);
+    (cond, ready)
+}
+
+/// Readiness gates the pod's Ready condition; a failing liveness probe restarts the
+/// container. Both are exec probes run through CRI ExecSync in real containers.
+#[tokio::test]
+async fn probes_gate_readiness_and_restart_unhealthy_containers() {
+    let e = env();
+    let (server, _kdir, client) = cloud(&e).await;
+    let cri = CriClient::new(&e.socket);
+    let id = uid("probe");
+    let mut p = pod("probe", &id, "127.0.0.1:5000/busybox:1.0");
+    p["spec"]["containers"][0]["command"] = json!(["sh", "-c", "while true; do sleep 1; done"]);
+    p["spec"]["containers"][0]["readinessProbe"] = json!({
+        "exec": {"command": ["cat", "/tmp/ready"]}, "periodSeconds": 1, "failureThreshold": 1});
+    p["spec"]["containers"][0]["livenessProbe"] = json!({
+        "exec": {"command": ["sh", "-c", "[ ! -e /tmp/sick ]"]}, "periodSeconds": 1, "failureThreshold": 2});
+    server.apply("pods", p);
+    put(&e.store, &server.get("pods", "rt", "probe").unwrap());
+    let mut r = reconciler(&e, Some(client));
+
+    reconcile_until(&mut r, 30, "the container runs", || async {
+        running(&cri, &id).await.len() == 1
+    })
+    .await;
+    // Running but not ready: the readiness probe fails.
+    let (server2, mut probes) = (&server, 0);
+    reconcile_until(&mut r, 10, "a few probes ran", || {
+        probes += 1;
+        async move { probes > 8 }
+    })
+    .await;
+    assert_eq!(ready_of(server2, "probe"), ("False".to_string(), false));
+
+    let first = running(&cri, &id).await[0].clone();
+    exec(&cri, &first.id, &["sh", "-c", "echo ok > /tmp/ready"]).await;
+    reconcile_until(&mut r, 10, "the pod is Ready", || async {
+        ready_of(&server, "probe") == ("True".to_string(), true)
+    })
+    .await;
+
+    // Unhealthy: the liveness probe fails twice, the container is stopped and replaced by
+    // the next attempt (a fresh root filesystem: healthy, and not ready again).
+    exec(&cri, &first.id, &["sh", "-c", "echo > /tmp/sick"]).await;
+    reconcile_until(&mut r, 30, "a new attempt runs", || async {
+        running(&cri, &id)
+            .await
+            .iter()
+            .any(|c| c.id != first.id && c.metadata.as_ref().unwrap().attempt == 1)
+    })
+    .await;
+    reconcile_until(
+        &mut r,
+        10,
+        "the restarted container is not ready",
+        || async { ready_of(&server, "probe").0 == "False" },
+    )
+    .await;
+    assert!(server
+        .get("events", "rt", "probe.edgehub-unhealthy")
+        .is_some());
+    remove(&e.store, &server.get("pods", "rt", "probe").unwrap());
+    r.reconcile().await.unwrap();
+}

@@ -579,3 +579,76 @@ fn init_containers_come_in_order_and_pull_policy_defaults() {
         "true"
     );
 }
+
+#[test]
+fn probes_take_the_api_defaults_and_named_ports() {
+    use crate::probe::ProbeAction;
+    use std::time::Duration;
+    let plan = translate(&runnable("telemetry-sv74m"), &ctx()).unwrap();
+    let r = plan.containers[0].readiness.clone().unwrap();
+    assert_eq!(r.action, ProbeAction::Exec(vec!["/bin/true".into()]));
+    assert_eq!(
+        (
+            r.period,
+            r.timeout,
+            r.success_threshold,
+            r.failure_threshold
+        ),
+        (Duration::from_secs(2), Duration::from_secs(1), 1, 3)
+    );
+    assert!(plan.containers[0].liveness.is_none());
+    assert!(plan.containers[1].readiness.is_none());
+
+    let mut pod = runnable("telemetry-sv74m");
+    pod["spec"]["containers"][0]["livenessProbe"] = json!({"httpGet": {"path": "healthz", "port": "http",
+        "httpHeaders": [{"name": "X-A", "value": "1"}]}});
+    pod["spec"]["containers"][0]["readinessProbe"] =
+        json!({"tcpSocket": {"port": 9000}, "initialDelaySeconds": 5});
+    let plan = translate(&pod, &ctx()).unwrap();
+    let l = plan.containers[0].liveness.clone().unwrap();
+    assert_eq!(
+        l.action,
+        ProbeAction::HttpGet {
+            host: None,
+            port: 8080,
+            path: "/healthz".into(),
+            headers: vec![("X-A".into(), "1".into())]
+        }
+    );
+    assert_eq!(
+        (l.period, l.failure_threshold),
+        (Duration::from_secs(10), 3)
+    );
+    let r = plan.containers[0].readiness.clone().unwrap();
+    assert_eq!(
+        r.action,
+        ProbeAction::TcpSocket {
+            host: None,
+            port: 9000
+        }
+    );
+    assert_eq!(r.initial_delay, Duration::from_secs(5));
+
+    for (probe, field) in [
+        (
+            json!({"grpc": {"port": 1}}),
+            "spec.containers[0].livenessProbe.grpc",
+        ),
+        (
+            json!({"httpGet": {"port": 1, "scheme": "HTTPS"}}),
+            "spec.containers[0].livenessProbe.httpGet.scheme",
+        ),
+        (
+            json!({"httpGet": {"port": "nope"}}),
+            "spec.containers[0].livenessProbe.httpGet.port",
+        ),
+        (
+            json!({"exec": {"command": []}}),
+            "spec.containers[0].livenessProbe.exec.command",
+        ),
+    ] {
+        let mut p = runnable("telemetry-sv74m");
+        p["spec"]["containers"][0]["livenessProbe"] = probe;
+        assert_eq!(unsupported_field(translate(&p, &ctx()).unwrap_err()), field);
+    }
+}

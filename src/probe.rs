@@ -1,0 +1,323 @@
+//! Liveness and readiness probes, as the kubelet runs them: `exec` (CRI ExecSync), `httpGet`
+//! and `tcpSocket`, with initialDelaySeconds, periodSeconds, timeoutSeconds and the success and
+//! failure thresholds.
+//!
+//! [`ProbeState::record`] is the pure part (thresholds, verdicts); [`run`] does the I/O. The
+//! reconciler owns one state per container and probe, and drops it when the container is
+//! replaced, so a new container starts over: not ready, with a fresh initial delay.
+
+use crate::cri::CriRuntime;
+use std::time::{Duration, Instant};
+
+/// What a probe does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProbeAction {
+    Exec(Vec<String>),
+    HttpGet {
+        /// `None`: the pod's address.
+        host: Option<String>,
+        port: u16,
+        path: String,
+        headers: Vec<(String, String)>,
+    },
+    TcpSocket {
+        host: Option<String>,
+        port: u16,
+    },
+}
+
+/// A probe as the pod spec defines it, with the API's defaults filled in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeSpec {
+    pub action: ProbeAction,
+    pub initial_delay: Duration,
+    pub period: Duration,
+    pub timeout: Duration,
+    pub success_threshold: u32,
+    pub failure_threshold: u32,
+}
+
+/// One probe's history for one container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeState {
+    /// When the container started: the initial delay counts from here.
+    pub started: Instant,
+    pub last_run: Option<Instant>,
+    pub successes: u32,
+    pub failures: u32,
+    /// The verdict: `None` until the thresholds decide (readiness starts not ready; liveness
+    /// starts alive).
+    pub verdict: Option<bool>,
+    /// The last failure's message, for the Event.
+    pub last_error: Option<String>,
+}
+
+impl ProbeState {
+    pub fn new(started: Instant) -> ProbeState {
+        ProbeState {
+            started,
+            last_run: None,
+            successes: 0,
+            failures: 0,
+            verdict: None,
+            last_error: None,
+        }
+    }
+
+    /// When the probe should run next.
+    pub fn due_at(&self, spec: &ProbeSpec) -> Instant {
+        match self.last_run {
+            None => self.started + spec.initial_delay,
+            Some(t) => t + spec.period,
+        }
+    }
+
+    /// Records one result and returns the verdict when it changed.
+    pub fn record(
+        &mut self,
+        now: Instant,
+        outcome: Result<(), String>,
+        spec: &ProbeSpec,
+    ) -> Option<bool> {
+        self.last_run = Some(now);
+        match outcome {
+            Ok(()) => {
+                self.successes = self.successes.saturating_add(1);
+                self.failures = 0;
+                self.last_error = None;
+            }
+            Err(e) => {
+                self.failures = self.failures.saturating_add(1);
+                self.successes = 0;
+                self.last_error = Some(e);
+            }
+        }
+        let next = if self.successes >= spec.success_threshold.max(1) {
+            Some(true)
+        } else if self.failures >= spec.failure_threshold.max(1) {
+            Some(false)
+        } else {
+            self.verdict
+        };
+        if next != self.verdict {
+            self.verdict = next;
+            next
+        } else {
+            None
+        }
+    }
+}
+
+/// Runs one probe against a container. `pod_ip` is where httpGet and tcpSocket go when the
+/// probe names no host (host-network pods: the node's address).
+pub async fn run<R: CriRuntime>(
+    cri: &R,
+    container_id: &str,
+    pod_ip: &str,
+    spec: &ProbeSpec,
+) -> Result<(), String> {
+    match &spec.action {
+        ProbeAction::Exec(cmd) => {
+            let r = cri
+                .exec_sync(container_id, cmd.clone(), spec.timeout)
+                .await
+                .map_err(|e| format!("exec {cmd:?}: {e}"))?;
+            if r.exit_code == 0 {
+                Ok(())
+            } else {
+                let out = String::from_utf8_lossy(&r.stdout);
+                let err = String::from_utf8_lossy(&r.stderr);
+                Err(format!(
+                    "exec {cmd:?} exited {}: {}",
+                    r.exit_code,
+                    format!("{out}{err}").trim()
+                ))
+            }
+        }
+        ProbeAction::TcpSocket { host, port } => {
+            let addr = format!("{}:{port}", host.as_deref().unwrap_or(pod_ip));
+            match tokio::time::timeout(spec.timeout, tokio::net::TcpStream::connect(&addr)).await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(format!("dial tcp {addr}: {e}")),
+                Err(_) => Err(format!("dial tcp {addr}: timeout")),
+            }
+        }
+        ProbeAction::HttpGet {
+            host,
+            port,
+            path,
+            headers,
+        } => {
+            let host = host.as_deref().unwrap_or(pod_ip);
+            tokio::time::timeout(spec.timeout, http_get(host, *port, path, headers))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(format!(
+                        "Get \"http://{host}:{port}{path}\": timeout after {:?}",
+                        spec.timeout
+                    ))
+                })
+        }
+    }
+}
+
+/// A GET whose 2xx and 3xx answers are success, as the kubelet's HTTP prober counts them.
+async fn http_get(
+    host: &str,
+    port: u16,
+    path: &str,
+    headers: &[(String, String)],
+) -> Result<(), String> {
+    use http_body_util::Empty;
+    let url = format!("http://{host}:{port}{path}");
+    let fail = |e: &dyn std::fmt::Display| format!("Get \"{url}\": {e}");
+    let stream = tokio::net::TcpStream::connect((host, port))
+        .await
+        .map_err(|e| fail(&e))?;
+    let (mut send, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| fail(&e))?;
+    let driver = tokio::spawn(conn);
+    let mut req = hyper::Request::get(if path.is_empty() { "/" } else { path })
+        .header(hyper::header::HOST, format!("{host}:{port}"))
+        .header(hyper::header::USER_AGENT, "kube-probe/edgehub")
+        .header(hyper::header::ACCEPT, "*/*");
+    for (k, v) in headers {
+        req = req.header(k.as_str(), v.as_str());
+    }
+    let req = req
+        .body(Empty::<bytes::Bytes>::new())
+        .map_err(|e| fail(&e))?;
+    let resp = send.send_request(req).await.map_err(|e| fail(&e));
+    driver.abort();
+    let code = resp?.status().as_u16();
+    if (200..400).contains(&code) {
+        Ok(())
+    } else {
+        Err(format!("HTTP probe failed with statuscode: {code}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(success: u32, failure: u32) -> ProbeSpec {
+        ProbeSpec {
+            action: ProbeAction::Exec(vec!["true".into()]),
+            initial_delay: Duration::from_secs(5),
+            period: Duration::from_secs(2),
+            timeout: Duration::from_secs(1),
+            success_threshold: success,
+            failure_threshold: failure,
+        }
+    }
+
+    #[test]
+    fn thresholds_decide_and_only_changes_are_reported() {
+        let t0 = Instant::now();
+        let sp = spec(2, 3);
+        let mut st = ProbeState::new(t0);
+        assert_eq!(st.due_at(&sp), t0 + Duration::from_secs(5));
+        assert_eq!(st.record(t0, Ok(()), &sp), None, "one success of two");
+        assert_eq!(st.due_at(&sp), t0 + Duration::from_secs(2));
+        assert_eq!(st.record(t0, Ok(()), &sp), Some(true));
+        assert_eq!(st.record(t0, Ok(()), &sp), None, "still true: no change");
+        assert_eq!(st.record(t0, Err("x".into()), &sp), None);
+        assert_eq!(st.record(t0, Err("y".into()), &sp), None);
+        assert_eq!(st.verdict, Some(true), "two failures of three");
+        assert_eq!(st.record(t0, Err("z".into()), &sp), Some(false));
+        assert_eq!(st.last_error.as_deref(), Some("z"));
+        assert_eq!(
+            st.record(t0, Ok(()), &sp),
+            None,
+            "one success is not enough"
+        );
+        assert_eq!(st.record(t0, Ok(()), &sp), Some(true));
+    }
+
+    #[test]
+    fn zero_thresholds_count_as_one() {
+        let mut st = ProbeState::new(Instant::now());
+        let sp = spec(0, 0);
+        assert_eq!(st.record(Instant::now(), Err("e".into()), &sp), Some(false));
+        assert_eq!(st.record(Instant::now(), Ok(()), &sp), Some(true));
+    }
+
+    #[tokio::test]
+    async fn tcp_and_http_probes_against_real_sockets() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let cri = crate::cri::fake::FakeCri::default();
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut s, _)) = l.accept().await else {
+                    return;
+                };
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 2048];
+                    let n = s.read(&mut buf).await.unwrap_or(0);
+                    let req = String::from_utf8_lossy(&buf[..n]).to_string();
+                    let code = if req.starts_with("GET /healthz ") && req.contains("x-probe: yes") {
+                        "200 OK"
+                    } else if req.starts_with("GET /moved ") {
+                        "302 Found"
+                    } else {
+                        "503 Service Unavailable"
+                    };
+                    let _ = s
+                        .write_all(
+                            format!("HTTP/1.1 {code}\r\ncontent-length: 0\r\n\r\n").as_bytes(),
+                        )
+                        .await;
+                });
+            }
+        });
+        let mk = |action| ProbeSpec {
+            action,
+            ..spec(1, 1)
+        };
+        let http = |path: &str, headers: Vec<(String, String)>| {
+            mk(ProbeAction::HttpGet {
+                host: None,
+                port,
+                path: path.into(),
+                headers,
+            })
+        };
+        let hdr = vec![("x-probe".to_string(), "yes".to_string())];
+        assert_eq!(
+            run(&cri, "c", "127.0.0.1", &http("/healthz", hdr)).await,
+            Ok(())
+        );
+        assert_eq!(
+            run(&cri, "c", "127.0.0.1", &http("/moved", vec![])).await,
+            Ok(())
+        );
+        let e = run(&cri, "c", "127.0.0.1", &http("/healthz", vec![]))
+            .await
+            .unwrap_err();
+        assert_eq!(e, "HTTP probe failed with statuscode: 503");
+        let tcp = mk(ProbeAction::TcpSocket { host: None, port });
+        assert_eq!(run(&cri, "c", "127.0.0.1", &tcp).await, Ok(()));
+
+        // Nothing listening: a failure that says where it dialled.
+        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let dead = free.local_addr().unwrap().port();
+        drop(free);
+        let e = run(
+            &cri,
+            "c",
+            "127.0.0.1",
+            &mk(ProbeAction::TcpSocket {
+                host: None,
+                port: dead,
+            }),
+        )
+        .await
+        .unwrap_err();
+        assert!(e.starts_with(&format!("dial tcp 127.0.0.1:{dead}")), "{e}");
+    }
+}
