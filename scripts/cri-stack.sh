@@ -4,6 +4,7 @@
 # locally built images pushed to it:
 #   127.0.0.1:5000/busybox:1.0 and :2.0   print "hello from 1.0" / "hello from 2.0" every second
 #   127.0.0.1:5000/pause:1.0              the sandbox image
+# Pods without hostNetwork get an address on the bridge eh-test0 (10.88.42.0/24) through CNI.
 # Everything lives under $EDGEHUB_STACK_DIR (default target/cri-stack in the repo).
 #
 #   scripts/cri-stack.sh start    # idempotent; prints the CRI socket path last
@@ -16,6 +17,8 @@ cd "$(dirname "$0")/.."
 D=${EDGEHUB_STACK_DIR:-$PWD/target/cri-stack}
 SOCK=$D/containerd.sock
 REG=127.0.0.1:5000
+BRIDGE=eh-test0
+POD_SUBNET=10.88.42.0/24
 log() { printf '==> %s\n' "$*" >&2; }
 
 need_root() {
@@ -27,7 +30,7 @@ need_root() {
 
 install_packages() {
     local need=() p
-    for p in containerd runc docker-registry skopeo busybox-static; do
+    for p in containerd runc docker-registry skopeo busybox-static containernetworking-plugins iptables; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
     done
     if ((${#need[@]})); then
@@ -91,7 +94,27 @@ EOF
     exit 1
 }
 
+# Pod networking for pods without hostNetwork: a bridge with host-local addresses (state kept
+# under $D) and portmap for hostPorts. Written before containerd starts; containerd also
+# notices later changes to the directory.
+write_cni_conf() {
+    mkdir -p "$D/cni" "$D/cni-ipam"
+    cat >"$D/cni/10-edgehub-test.conflist" <<EOF
+{
+  "cniVersion": "0.4.0",
+  "name": "edgehub-test",
+  "plugins": [
+    {"type": "bridge", "bridge": "$BRIDGE", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+     "ipam": {"type": "host-local", "dataDir": "$D/cni-ipam",
+              "ranges": [[{"subnet": "$POD_SUBNET"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}
+EOF
+}
+
 start_containerd() {
+    write_cni_conf
     alive "$D/containerd.pid" && return
     mkdir -p "$D/root" "$D/state" "$D/opt" "$D/runc" "$D/cni" "$D/certs.d/$REG"
     cat >"$D/certs.d/$REG/hosts.toml" <<EOF
@@ -184,8 +207,10 @@ stop() {
         fi
         rm -f "$D/$f.pid"
     done
-    # Network namespaces and sandbox mounts left under the state dir.
+    # Network namespaces and sandbox mounts left under the state dir, and the pod bridge.
     grep -o " $D/state/[^ ]*" /proc/mounts 2>/dev/null | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
+    ip link del "$BRIDGE" 2>/dev/null || true
+    rm -rf "$D/cni-ipam"
 }
 
 case "${1:-}" in

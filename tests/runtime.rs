@@ -744,3 +744,47 @@ async fn probes_gate_readiness_and_restart_unhealthy_containers() {
     remove(&e.store, &server.get("pods", "rt", "probe").unwrap());
     r.reconcile().await.unwrap();
 }
+
+/// A pod without hostNetwork gets its own network namespace and an address from the
+/// runtime's CNI (a bridge in the test stack): status.podIP, the POD_IP variable and an
+/// httpGet readiness probe to that address all agree.
+#[tokio::test]
+async fn a_pod_network_pod_gets_an_address_from_cni() {
+    let e = env();
+    let (server, _kdir, client) = cloud(&e).await;
+    let cri = CriClient::new(&e.socket);
+    let id = uid("cni");
+    let mut p = pod("cni", &id, "127.0.0.1:5000/busybox:1.0");
+    p["spec"]["hostNetwork"] = json!(false);
+    p["spec"]["containers"][0]["command"] = json!([
+        "sh",
+        "-c",
+        "echo ok > /tmp/index.html; exec /bin/busybox httpd -f -p 8080 -h /tmp"
+    ]);
+    p["spec"]["containers"][0]["env"] = json!([
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]);
+    p["spec"]["containers"][0]["readinessProbe"] = json!({
+        "httpGet": {"path": "/index.html", "port": 8080}, "periodSeconds": 1});
+    server.apply("pods", p);
+    put(&e.store, &server.get("pods", "rt", "cni").unwrap());
+    let mut r = reconciler(&e, Some(client));
+    reconcile_until(
+        &mut r,
+        30,
+        "the pod is Ready through its own address",
+        || async { ready_of(&server, "cni") == ("True".to_string(), true) },
+    )
+    .await;
+    let st = server.get("pods", "rt", "cni").unwrap()["status"].clone();
+    let ip = st["podIP"].as_str().unwrap().to_string();
+    assert!(ip.starts_with("10.88.42."), "{st}");
+    assert_ne!(st["podIP"], st["hostIP"]);
+    let c = &running(&cri, &id).await[0];
+    assert!(exec(&cri, &c.id, &["env"])
+        .await
+        .contains(&format!("POD_IP={ip}")));
+    assert_eq!(exec(&cri, &c.id, &["hostname"]).await.trim(), "cni");
+    remove(&e.store, &server.get("pods", "rt", "cni").unwrap());
+    r.reconcile().await.unwrap();
+    assert!(containers_of(&cri, &id).await.is_empty());
+}
