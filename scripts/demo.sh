@@ -43,10 +43,17 @@ api=127.0.0.1:10267
 log "starting containerd, a local registry and test images (scripts/cri-stack.sh)"
 cri=$(bash scripts/cri-stack.sh start)
 echo "CRI socket: $cri"
-eh() { target/release/edgehub --node-name edge-1 --data-dir "$PWD/$work/data" \
-        --kubeconfig "$PWD/$work/kube/kubeconfig" --api-addr "$api" --cri-socket "$cri" "$@"; }
+EH=(target/release/edgehub --node-name edge-1 --data-dir "$PWD/$work/data"
+    --kubeconfig "$PWD/$work/kube/kubeconfig" --api-addr "$api" --cri-socket "$cri")
+eh() { "${EH[@]}" "$@"; }
 run_edgehub() {
-    eh run >>"$work/edgehub.log" 2>&1 &
+    # Another process answering on the port would make this demo talk to it instead.
+    if curl -sf "http://$api/v1/healthz" >/dev/null 2>&1; then
+        echo "error: something already answers on $api; stop it first" >&2; exit 1
+    fi
+    # A simple command, not the eh function: $! must be edgehub itself, not a subshell, so
+    # that stopping it stops edgehub.
+    "${EH[@]}" run >>"$work/edgehub.log" 2>&1 &
     pids+=($!)
     edgehub_pid=$!
     for _ in $(seq 100); do
@@ -74,6 +81,10 @@ sqlite3 -column -header "$work/data/edgehub.db" \
 log "the pods run in containerd (their CRI logs):"
 for f in "$work"/data/pods/*/logs/*.log; do
     [ -f "$f" ] && printf '%s: %s\n' "${f#"$work"/data/pods/}" "$(tail -n 1 "$f")"
+done
+log "their ConfigMap and service-account token volumes, fetched once and cached for offline starts:"
+for f in "$work"/data/pods/*/volumes/configmap/*/* "$work"/data/pods/*/volumes/projected/*/{token,namespace}; do
+    [ -f "$f" ] && printf '%s: %s\n' "${f#"$work"/data/pods/}" "$(head -c 60 "$f" | tr '\n' ' ')"
 done
 
 log "waiting for the operator to roll the telemetry DaemonSet"

@@ -185,6 +185,11 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
         .map(|ip| ip.to_string());
     let runtime_task =
         tokio::spawn(reconciler.run(std::time::Duration::from_secs(10), shutdown_rx.clone()));
+    // What the pods reference (ConfigMaps, Secrets, tokens), fetched beside the runtime.
+    let sources_task = tokio::spawn(
+        edgehub::sources::fetch::Fetcher::new(client.clone(), store.clone())
+            .run(shutdown_rx.clone()),
+    );
     let sync = edgehub::sync::Sync::spawn(&config, client, store.clone(), shutdown_rx.clone());
     let node_task = tokio::spawn(agent.run(sync.link.clone(), shutdown_rx.clone()));
     let state = Arc::new(api::ApiState {
@@ -217,6 +222,7 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
     }
     let _ = node_task.await;
     let _ = runtime_task.await;
+    let _ = sources_task.await;
     sync.join().await;
     tracing::info!("stopped");
     Ok(())

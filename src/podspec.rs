@@ -36,6 +36,10 @@ pub struct Missing {
     /// `ServiceAccountTokenUnavailable`.
     pub reason: &'static str,
     pub message: String,
+    /// The apiserver said it does not exist. Otherwise it was never fetched (a new pod whose
+    /// sources are on their way, or no link since it arrived): the pod waits quietly, with a
+    /// condition but no Warning Event.
+    pub known_absent: bool,
 }
 
 /// Why a pod cannot be planned.
@@ -487,6 +491,7 @@ fn volumes(pod: &Value, spec: &Value, ctx: &PodContext) -> Result<Vec<VolumePlan
                                 "no token for service account {:?} yet: edgehub requests it from the apiserver (TokenRequest) and has not been able to",
                                 sources::service_account(pod)
                             ),
+                            known_absent: false,
                         }
                         .into());
                     };
@@ -559,6 +564,7 @@ fn missing_object(kind: &str, ns: &str, name: &str, not_found: bool) -> Missing 
     };
     Missing {
         reason,
+        known_absent: not_found,
         message: if not_found {
             format!("{what} \"{ns}/{name}\" not found")
         } else {

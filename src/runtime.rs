@@ -19,7 +19,7 @@ use crate::podspec::{
     self, Missing, PlanError, PodContext, PodPlan, PullPolicy, RestartPolicy, Unsupported,
 };
 use crate::probe::{self, ProbeSpec, ProbeState};
-use crate::sources::fetch::{self, Fetcher};
+use crate::sources::fetch;
 use crate::store::{QueuedEvent, Store, StoredObject};
 use serde_json::Value;
 use std::collections::{HashMap, HashSet};
@@ -74,8 +74,6 @@ pub struct Pass {
     pub statuses_sent: usize,
     /// Warning Events delivered to the apiserver.
     pub events_sent: usize,
-    /// ConfigMaps, Secrets and tokens fetched for the pods.
-    pub sources_fetched: usize,
     /// File volumes rewritten (a renewed token, an edited ConfigMap).
     pub volumes_updated: usize,
     /// Pods waiting for a ConfigMap, Secret or token edgehub does not have.
@@ -107,8 +105,6 @@ pub struct Reconciler<R: CriRuntime> {
     restarts: HashMap<(String, String), Restarts>,
     /// What was last reported per pod uid (a Warning Event each time it changes).
     reported: HashMap<String, String>,
-    /// Fetches what pods reference; `None` without an apiserver.
-    fetcher: Option<Fetcher>,
     /// Probe history per (pod uid, container name).
     probes: HashMap<(String, String), ContainerProbes>,
 }
@@ -161,7 +157,6 @@ impl<R: CriRuntime> Reconciler<R> {
         data_dir: PathBuf,
         node_name: String,
     ) -> Self {
-        let fetcher = client.clone().map(|c| Fetcher::new(c, store.clone()));
         Reconciler {
             cri,
             store,
@@ -172,17 +167,7 @@ impl<R: CriRuntime> Reconciler<R> {
             backoff: BackoffPolicy::default(),
             restarts: HashMap::new(),
             reported: HashMap::new(),
-            fetcher,
             probes: HashMap::new(),
-        }
-    }
-
-    /// How often referenced ConfigMaps and Secrets are fetched again while online (default
-    /// 60 s), and how soon a failed fetch is retried.
-    pub fn set_source_refresh(&mut self, refresh: Duration, retry: Duration) {
-        if let Some(f) = self.fetcher.as_mut() {
-            f.refresh = refresh;
-            f.retry = retry;
         }
     }
 
@@ -194,7 +179,7 @@ impl<R: CriRuntime> Reconciler<R> {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut failing = false;
         loop {
-            let probe_at = self.next_probe_at();
+            let probe_at = probe_wake(self.next_probe_at(), Instant::now());
             let probe_due = async move {
                 match probe_at {
                     Some(t) => tokio::time::sleep_until(t.into()).await,
@@ -222,9 +207,31 @@ impl<R: CriRuntime> Reconciler<R> {
                         tracing::warn!(error = %e, "pod runtime cannot reconcile; retrying");
                     }
                     failing = true;
+                    // What the probes knew is stale once the runtime failed; they start over.
+                    self.probes.clear();
                 }
             }
         }
+    }
+
+    /// Queues a Warning Event about a pod in the store, for the next time the link is up.
+    fn queue_warning(
+        &self,
+        pod: &StoredObject,
+        reason: &str,
+        message: &str,
+    ) -> Result<(), RuntimeError> {
+        let ev = warning_event(pod, reason, message, &self.node_name, &crate::time::now());
+        let name = ev["metadata"]["name"].as_str().unwrap_or_default();
+        self.store.queue_event(
+            &QueuedEvent {
+                key: format!("{}/{name}", pod.index.namespace),
+                namespace: pod.index.namespace.clone(),
+                body: ev.to_string(),
+            },
+            now_ms(),
+        )?;
+        Ok(())
     }
 
     /// When the next probe is due, so the loop wakes for it.
@@ -310,25 +317,7 @@ impl<R: CriRuntime> Reconciler<R> {
                 self.probes.remove(&key);
                 self.ignore_missing(self.cri.stop_container(&c.id, plan.grace_period_secs).await)?;
                 pass.liveness_kills += 1;
-                let ev = warning_event(
-                    pod,
-                    "Unhealthy",
-                    &message,
-                    &self.node_name,
-                    &crate::time::now(),
-                );
-                self.store.queue_event(
-                    &QueuedEvent {
-                        key: format!(
-                            "{}/{}",
-                            pod.index.namespace,
-                            ev["metadata"]["name"].as_str().unwrap_or_default()
-                        ),
-                        namespace: pod.index.namespace.clone(),
-                        body: ev.to_string(),
-                    },
-                    now_ms(),
-                )?;
+                self.queue_warning(pod, "Unhealthy", &message)?;
             }
         }
         Ok(())
@@ -373,11 +362,6 @@ impl<R: CriRuntime> Reconciler<R> {
                 }
             }
         }
-        if let Some(f) = self.fetcher.as_mut() {
-            let refs: Vec<(&StoredObject, &Value)> = parsed.iter().map(|(p, v)| (*p, v)).collect();
-            let st = f.refresh(&refs).await?;
-            pass.sources_fetched = st.fetched + st.tokens;
-        }
         for (pod, raw) in &parsed {
             match self
                 .ensure_pod(pod, raw, &sandboxes, &containers, &mut pass)
@@ -399,27 +383,11 @@ impl<R: CriRuntime> Reconciler<R> {
                             (m.reason, format!("edgehub cannot start this pod yet: {m}"))
                         }
                     };
-                    if self.reported.get(&pod.index.uid) != Some(&message) {
+                    // A source that is merely on its way is not worth a Warning.
+                    let quiet = matches!(&e, PlanError::Missing(m) if !m.known_absent);
+                    if !quiet && self.reported.get(&pod.index.uid) != Some(&message) {
                         tracing::warn!(pod = %pod.index.name, namespace = %pod.index.namespace, reason, %message, "pod cannot run");
-                        let ev = warning_event(
-                            pod,
-                            reason,
-                            &message,
-                            &self.node_name,
-                            &crate::time::now(),
-                        );
-                        self.store.queue_event(
-                            &QueuedEvent {
-                                key: format!(
-                                    "{}/{}",
-                                    pod.index.namespace,
-                                    ev["metadata"]["name"].as_str().unwrap_or_default()
-                                ),
-                                namespace: pod.index.namespace.clone(),
-                                body: ev.to_string(),
-                            },
-                            now_ms(),
-                        )?;
+                        self.queue_warning(pod, reason, &message)?;
                         self.reported.insert(pod.index.uid.clone(), message.clone());
                     }
                     self.queue_status(pod, blocked_status(reason, &message))?;
@@ -969,6 +937,12 @@ impl<R: CriRuntime> Reconciler<R> {
     }
 }
 
+/// When the loop wakes for the next probe: never sooner than shortly after now, so a probe
+/// that could not run (the runtime is down) cannot turn the loop into a busy one.
+pub fn probe_wake(next_due: Option<Instant>, now: Instant) -> Option<Instant> {
+    next_due.map(|t| t.max(now + Duration::from_millis(200)))
+}
+
 /// A container as the pod status reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerView {
@@ -1220,6 +1194,19 @@ fn grace_of(raw: &str) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_probe_in_the_past_does_not_spin_the_loop() {
+        let now = Instant::now();
+        let past = now - Duration::from_secs(60);
+        assert_eq!(
+            probe_wake(Some(past), now),
+            Some(now + Duration::from_millis(200))
+        );
+        let later = now + Duration::from_secs(2);
+        assert_eq!(probe_wake(Some(later), now), Some(later));
+        assert_eq!(probe_wake(None, now), None);
+    }
 
     #[test]
     fn crash_loop_backoff_doubles_to_the_cap() {

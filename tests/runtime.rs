@@ -109,6 +109,17 @@ fn reconciler(e: &Env, client: Option<edgehub::kube::ApiClient>) -> Reconciler<C
     r
 }
 
+/// The fetcher of what pods reference, running beside the reconciler as in `edgehub run`.
+fn spawn_fetcher(e: &Env, client: &edgehub::kube::ApiClient, every: Duration) {
+    let mut f = edgehub::sources::fetch::Fetcher::new(client.clone(), e.store.clone());
+    f.refresh = every;
+    f.retry = every;
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    // The test ends the runtime, and with it the task; the sender must outlive it.
+    std::mem::forget(tx);
+    tokio::spawn(f.run(rx));
+}
+
 async fn containers_of(c: &CriClient, uid: &str) -> Vec<api::Container> {
     c.list_containers(HashMap::from([(
         labels::POD_UID.to_string(),
@@ -526,8 +537,8 @@ async fn the_recorded_pod_runs_as_recorded_with_its_configmap_and_token() {
     let recorded = server.get("pods", "vehicle", "telemetry-sv74m").unwrap();
     put(&e.store, &recorded);
     let cri = CriClient::new(&e.socket);
+    spawn_fetcher(&e, &client, Duration::from_millis(200));
     let mut r = reconciler(&e, Some(client.clone()));
-    r.set_source_refresh(Duration::from_millis(200), Duration::from_millis(200));
     reconcile_until(&mut r, 60, "both containers run", || async {
         running(&cri, &id).await.len() == 2
     })
@@ -635,9 +646,18 @@ async fn a_pod_waits_for_a_missing_configmap_and_starts_when_it_appears() {
     server.apply("pods", p);
     put(&e.store, &server.get("pods", "rt", "waitcm").unwrap());
     let cri = CriClient::new(&e.socket);
+    spawn_fetcher(&e, &client, Duration::from_millis(100));
     let mut r = reconciler(&e, Some(client));
-    r.set_source_refresh(Duration::from_millis(100), Duration::from_millis(100));
-    let pass = r.reconcile().await.unwrap();
+    // The fetcher runs beside the reconciler: first "not cached yet" (quietly), then the
+    // apiserver's answer.
+    let mut pass = r.reconcile().await.unwrap();
+    for _ in 0..50 {
+        if pass.missing.first().is_some_and(|m| m.1.known_absent) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        pass = r.reconcile().await.unwrap();
+    }
     assert_eq!(pass.missing.len(), 1, "{pass:?}");
     assert_eq!(
         pass.missing[0].1.message,

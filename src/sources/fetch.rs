@@ -69,6 +69,45 @@ pub fn token_request(pod: &StoredObject, audience: &str, expiration_secs: i64) -
 }
 
 impl Fetcher {
+    /// Refreshes on every cache change and at least every `retry`, until shutdown. It runs
+    /// beside the pod runtime, which reads only the cache: a dead or blackholed link never
+    /// delays a pod start, and what is fetched wakes the runtime through the store.
+    pub async fn run(mut self, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+        let mut changes = self.store.subscribe();
+        let mut tick =
+            tokio::time::interval(self.retry.min(self.refresh).max(Duration::from_millis(100)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut offline = false;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                r = changes.changed() => { if r.is_err() { return; } }
+                _ = shutdown.changed() => return,
+            }
+            let pods = match self.store.list(crate::object::Kind::Pod) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the cached pods");
+                    continue;
+                }
+            };
+            let parsed: Vec<(&StoredObject, Value)> = pods
+                .iter()
+                .filter_map(|p| serde_json::from_str(&p.raw).ok().map(|v| (p, v)))
+                .collect();
+            let refs: Vec<(&StoredObject, &Value)> = parsed.iter().map(|(p, v)| (*p, v)).collect();
+            match self.refresh(&refs).await {
+                Ok(st) => {
+                    if st.offline != offline {
+                        tracing::debug!(offline = st.offline, "pod sources fetcher");
+                        offline = st.offline;
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot cache what pods reference"),
+            }
+        }
+    }
+
     pub fn new(client: ApiClient, store: Arc<Store>) -> Fetcher {
         Fetcher {
             client,

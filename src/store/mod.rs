@@ -139,15 +139,19 @@ impl Store {
         }
     }
 
-    /// A receiver that changes whenever cached objects change.
+    /// A receiver that changes whenever cached objects (or what pods reference) change.
     pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
         self.changes.subscribe()
     }
 
     fn changed(&self, stats: &ApplyStats) {
         if stats.touched() {
-            self.changes.send_modify(|n| *n = n.wrapping_add(1));
+            self.notify();
         }
+    }
+
+    fn notify(&self) {
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     pub fn path(&self) -> &Path {
@@ -285,8 +289,13 @@ impl Store {
         requests::status_sent(&self.conn(), pod_uid, patch)
     }
 
+    /// Stores a fetched ConfigMap or Secret; subscribers hear of a change.
     pub fn put_source(&self, s: &CachedSource) -> Result<bool, StoreError> {
-        sources::put_source(&self.conn(), s)
+        let changed = sources::put_source(&self.conn(), s)?;
+        if changed {
+            self.notify();
+        }
+        Ok(changed)
     }
 
     pub fn get_source(
@@ -306,8 +315,11 @@ impl Store {
         sources::delete_source(&self.conn(), kind, namespace, name)
     }
 
+    /// Stores a service-account token; subscribers hear of it.
     pub fn put_token(&self, t: &CachedToken) -> Result<(), StoreError> {
-        sources::put_token(&self.conn(), t)
+        sources::put_token(&self.conn(), t)?;
+        self.notify();
+        Ok(())
     }
 
     pub fn get_token(
