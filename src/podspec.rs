@@ -429,28 +429,19 @@ fn volumes(pod: &Value, spec: &Value, ctx: &PodContext) -> Result<Vec<VolumePlan
                 path: ctx.volume_dir.join("empty-dir").join(&name),
                 name,
             });
-        } else if let Some(cm) = v.get("configMap") {
-            let mode = mode_of("/configMap/defaultMode", 0o644)?;
-            let files = object_files(
-                cm,
-                "configmaps",
-                &ctx.sources,
-                mode,
-                &format!("{field}.configMap"),
-                &pod_ns(pod),
-            )?;
-            out.push(files_at("configmap", files));
-        } else if let Some(sec) = v.get("secret") {
-            let mode = mode_of("/secret/defaultMode", 0o644)?;
-            let files = object_files(
-                sec,
-                "secrets",
-                &ctx.sources,
-                mode,
-                &format!("{field}.secret"),
-                &pod_ns(pod),
-            )?;
-            out.push(files_at("secret", files));
+        } else if let Some((key, src)) = ["configMap", "secret"]
+            .into_iter()
+            .find_map(|k| v.get(k).map(|src| (k, src)))
+        {
+            let (kind, dir) = if key == "secret" {
+                ("secrets", "secret")
+            } else {
+                ("configmaps", "configmap")
+            };
+            let mode = mode_of(&format!("/{key}/defaultMode"), 0o644)?;
+            let field = format!("{field}.{key}");
+            let files = object_files(src, kind, &ctx.sources, mode, &field, &pod_ns(pod))?;
+            out.push(files_at(dir, files));
         } else if let Some(dapi) = v.get("downwardAPI") {
             let mode = mode_of("/downwardAPI/defaultMode", 0o644)?;
             let files = downward_files(pod, dapi, mode, &format!("{field}.downwardAPI"))?;

@@ -54,6 +54,15 @@ fn recorded_sources() -> Sources {
     s
 }
 
+fn namespaces(plan: &PodPlan) -> api::NamespaceOption {
+    plan.sandbox
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref())
+        .and_then(|sc| sc.namespace_options.clone())
+        .unwrap()
+}
+
 fn unsupported_field(e: PlanError) -> String {
     match e {
         PlanError::Unsupported(u) => u.field,
@@ -323,17 +332,7 @@ fn pod_network_pods_get_their_own_namespace_and_address() {
     let mut c = ctx();
     c.pod_ip = Some("10.88.0.5".into());
     let plan = translate(&pod, &c).unwrap();
-    let ns = plan
-        .sandbox
-        .linux
-        .as_ref()
-        .unwrap()
-        .security_context
-        .as_ref()
-        .unwrap()
-        .namespace_options
-        .clone()
-        .unwrap();
+    let ns = namespaces(&plan);
     assert_eq!(ns.network, api::NamespaceMode::Pod as i32);
     assert_eq!(plan.sandbox.hostname, "telemetry-sv74m");
     assert_eq!(plan.pod_ip.as_deref(), Some("10.88.0.5"));
