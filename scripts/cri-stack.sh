@@ -4,6 +4,7 @@
 # locally built images pushed to it:
 #   127.0.0.1:5000/busybox:1.0 and :2.0   print "hello from 1.0" / "hello from 2.0" every second
 #   127.0.0.1:5000/pause:1.0              the sandbox image
+#   127.0.0.1:5001/private/busybox:1.0    behind a password (imagePullSecrets tests)
 # Pods without hostNetwork get an address on the bridge eh-test0 (10.88.42.0/24) through CNI.
 # Everything lives under $EDGEHUB_STACK_DIR (default target/cri-stack in the repo).
 #
@@ -17,6 +18,7 @@ cd "$(dirname "$0")/.."
 D=${EDGEHUB_STACK_DIR:-$PWD/target/cri-stack}
 SOCK=$D/containerd.sock
 REG=127.0.0.1:5000
+AUTH_REG=127.0.0.1:5001
 BRIDGE=eh-test0
 POD_SUBNET=10.88.42.0/24
 log() { printf '==> %s\n' "$*" >&2; }
@@ -113,16 +115,51 @@ write_cni_conf() {
 EOF
 }
 
+# A second registry that wants a password, for imagePullSecrets: user edgehub, password
+# edgehub-pull (test credentials), image 127.0.0.1:5001/private/busybox:1.0.
+start_auth_registry() {
+    alive "$D/registry-auth.pid" && return
+    mkdir -p "$D/registry-auth"
+    [ -f "$D/htpasswd" ] || python3 -c 'import crypt; print("edgehub:" + crypt.crypt("edgehub-pull", crypt.mksalt(crypt.METHOD_BLOWFISH)))' 2>/dev/null >"$D/htpasswd"
+    cat >"$D/registry-auth.yml" <<EOF
+version: 0.1
+log:
+  level: warn
+storage:
+  filesystem:
+    rootdirectory: $D/registry-auth
+auth:
+  htpasswd:
+    realm: edgehub-test
+    path: $D/htpasswd
+http:
+  addr: $AUTH_REG
+EOF
+    docker-registry serve "$D/registry-auth.yml" >"$D/registry-auth.log" 2>&1 9>&- &
+    echo $! >"$D/registry-auth.pid"
+    for _ in $(seq 100); do
+        # 401 without credentials: it is up.
+        [ "$(curl -s -o /dev/null -w '%{http_code}' "http://$AUTH_REG/v2/")" = 401 ] && return
+        sleep 0.1
+    done
+    echo "error: the password-protected docker-registry did not start; see $D/registry-auth.log" >&2
+    exit 1
+}
+
 start_containerd() {
     write_cni_conf
     alive "$D/containerd.pid" && return
-    mkdir -p "$D/root" "$D/state" "$D/opt" "$D/runc" "$D/cni" "$D/certs.d/$REG"
-    cat >"$D/certs.d/$REG/hosts.toml" <<EOF
-server = "http://$REG"
+    mkdir -p "$D/root" "$D/state" "$D/opt" "$D/runc" "$D/cni"
+    local r
+    for r in "$REG" "$AUTH_REG"; do
+        mkdir -p "$D/certs.d/$r"
+        cat >"$D/certs.d/$r/hosts.toml" <<EOF
+server = "http://$r"
 
-[host."http://$REG"]
+[host."http://$r"]
   capabilities = ["pull", "resolve"]
 EOF
+    done
     cat >"$D/config.toml" <<EOF
 version = 2
 root = "$D/root"
@@ -181,6 +218,12 @@ start() {
         mk_image pause 1.0 '["sh","-c","trap \"exit 0\" TERM INT; while true; do sleep 3600 & wait; done"]'
         touch "$D/images.done"
     fi
+    start_auth_registry
+    if [ ! -f "$D/images-auth.done" ]; then
+        skopeo copy -q --src-tls-verify=false --dest-tls-verify=false --dest-creds edgehub:edgehub-pull \
+            "docker://$REG/busybox:1.0" "docker://$AUTH_REG/private/busybox:1.0"
+        touch "$D/images-auth.done"
+    fi
     start_containerd
     echo "$SOCK"
 }
@@ -200,7 +243,7 @@ stop() {
     local pids
     pids=$(pgrep -f -- "-address $SOCK" || true)
     [ -n "$pids" ] && kill $pids 2>/dev/null || true
-    for f in containerd registry; do
+    for f in containerd registry registry-auth; do
         if alive "$D/$f.pid"; then
             kill "$(cat "$D/$f.pid")" 2>/dev/null || true
             for _ in $(seq 50); do alive "$D/$f.pid" || break; sleep 0.1; done

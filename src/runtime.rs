@@ -78,6 +78,8 @@ pub struct Pass {
     pub volumes_updated: usize,
     /// Pods waiting for a ConfigMap, Secret or token edgehub does not have.
     pub missing: Vec<(String, Missing)>,
+    /// Pods the runtime refused (image pull, container creation), and why.
+    pub failed: Vec<(String, String)>,
     /// Liveness and readiness probes run.
     pub probes_run: usize,
     /// Containers stopped because their liveness probe failed.
@@ -397,6 +399,20 @@ impl<R: CriRuntime> Reconciler<R> {
                         }
                         PlanError::Missing(m) => pass.missing.push((pod.index.name.clone(), m)),
                     }
+                }
+                // The runtime refused this pod (an image it cannot pull, a config it cannot
+                // create): the pod says why, and the other pods carry on. A runtime that is
+                // down fails the whole pass instead.
+                Err(EnsureError::Runtime(RuntimeError::Cri(e))) if !e.is_unavailable() => {
+                    let reason = pod_failure_reason(&e);
+                    let message = e.to_string();
+                    if self.reported.get(&pod.index.uid) != Some(&message) {
+                        tracing::warn!(pod = %pod.index.name, namespace = %pod.index.namespace, reason, error = %e, "the runtime refused the pod; retrying");
+                        self.queue_warning(pod, reason, &message)?;
+                        self.reported.insert(pod.index.uid.clone(), message.clone());
+                    }
+                    self.queue_status(pod, blocked_status(reason, &message))?;
+                    pass.failed.push((pod.index.name.clone(), message));
                 }
                 Err(EnsureError::Runtime(e)) => return Err(e),
             }
@@ -912,10 +928,12 @@ impl<R: CriRuntime> Reconciler<R> {
                 })
             }
             (PullPolicy::Always, _) | (PullPolicy::IfNotPresent, false) => {
+                // No server_address: the credentials were already matched to the image's
+                // registry, and containerd parses that field as a URL, so a plain
+                // `host:port` (the usual docker config key) makes every pull fail.
                 let auth = c.auth.as_ref().map(|a| api::AuthConfig {
                     username: a.username.clone(),
                     password: a.password.clone(),
-                    server_address: a.server.clone(),
                     ..Default::default()
                 });
                 self.cri.pull_image(&c.image, auth).await?;
@@ -934,6 +952,30 @@ impl<R: CriRuntime> Reconciler<R> {
         self.cri.start_container(&id).await?;
         tracing::info!(pod = %plan.name, namespace = %plan.namespace, container = %c.name, id = %id, attempt, "container started");
         Ok(())
+    }
+}
+
+/// The kubelet's reason for a pod the runtime refused.
+pub fn pod_failure_reason(e: &CriError) -> &'static str {
+    match e {
+        CriError::Call {
+            method: "PullImage",
+            ..
+        }
+        | CriError::Timeout {
+            method: "PullImage",
+            ..
+        } => "ErrImagePull",
+        CriError::Call { code, .. } if code == "ImageNotPresent" => "ErrImageNeverPull",
+        CriError::Call {
+            method: "RunPodSandbox",
+            ..
+        } => "FailedCreatePodSandBox",
+        CriError::Call {
+            method: "StartContainer",
+            ..
+        } => "RunContainerError",
+        _ => "CreateContainerError",
     }
 }
 

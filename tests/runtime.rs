@@ -808,3 +808,52 @@ async fn a_pod_network_pod_gets_an_address_from_cni() {
     r.reconcile().await.unwrap();
     assert!(containers_of(&cri, &id).await.is_empty());
 }
+
+/// imagePullSecrets: the anonymous pull from the password-protected registry is refused and
+/// the pod says ErrImagePull (and nothing else stops); with the Secret it runs.
+#[tokio::test]
+async fn image_pull_secrets_open_a_private_registry() {
+    use base64::Engine;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let e = env();
+    let (server, _kdir, client) = cloud(&e).await;
+    let cri = CriClient::new(&e.socket);
+    let id = uid("private");
+    let mut p = pod("private", &id, "127.0.0.1:5001/private/busybox:1.0");
+    // Always: a copy left in containerd by an earlier run must not hide the credentials.
+    p["spec"]["containers"][0]["imagePullPolicy"] = json!("Always");
+    p["spec"]["imagePullSecrets"] = json!([{"name": "regcred"}]);
+    server.apply("pods", p);
+    put(&e.store, &server.get("pods", "rt", "private").unwrap());
+    let good_id = uid("public");
+    let good = pod("public", &good_id, "127.0.0.1:5000/busybox:1.0");
+    put(&e.store, &good);
+    spawn_fetcher(&e, &client, Duration::from_millis(100));
+    let mut r = reconciler(&e, Some(client));
+
+    reconcile_until(&mut r, 30, "the pod reports ErrImagePull", || async {
+        server.get("pods", "rt", "private").unwrap()["status"]["conditions"][0]["reason"]
+            == "ErrImagePull"
+    })
+    .await;
+    assert_eq!(running(&cri, &good_id).await.len(), 1, "the other pod runs");
+    assert!(containers_of(&cri, &id).await.is_empty());
+
+    let cfg = json!({"auths": {"127.0.0.1:5001": {"auth": b64("edgehub:edgehub-pull")}}});
+    server.apply(
+        "secrets",
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "regcred", "namespace": "rt"},
+               "type": "kubernetes.io/dockerconfigjson",
+               "data": {".dockerconfigjson": b64(&cfg.to_string())}}),
+    );
+    reconcile_until(
+        &mut r,
+        60,
+        "the pod runs from the private registry",
+        || async { running(&cri, &id).await.len() == 1 },
+    )
+    .await;
+    remove(&e.store, &server.get("pods", "rt", "private").unwrap());
+    remove(&e.store, &good);
+    r.reconcile().await.unwrap();
+}
