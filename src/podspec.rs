@@ -1244,18 +1244,23 @@ fn probe(c: &Value, key: &str, field: &str) -> Result<Option<ProbeSpec>, Unsuppo
         ProbeAction::Exec(cmd)
     } else if let Some(h) = p.get("httpGet") {
         let f = format!("{field}.httpGet");
-        if !matches!(s(h, "/scheme"), "" | "HTTP") {
-            return Err(unsupported(
-                format!("{f}.scheme"),
-                "only HTTP probes are supported",
-            ));
-        }
+        let https = match s(h, "/scheme") {
+            "" | "HTTP" => false,
+            "HTTPS" => true,
+            other => {
+                return Err(unsupported(
+                    format!("{f}.scheme"),
+                    format!("unknown scheme {other:?}"),
+                ))
+            }
+        };
         let path = match s(h, "/path") {
             "" => "/".to_string(),
             p if p.starts_with('/') => p.to_string(),
             p => format!("/{p}"),
         };
         ProbeAction::HttpGet {
+            https,
             host: Some(s(h, "/host").to_string()).filter(|h| !h.is_empty()),
             port: probe_port(c, h.get("port"), &f)?,
             path,

@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 pub enum ProbeAction {
     Exec(Vec<String>),
     HttpGet {
+        /// `scheme: HTTPS`. As with the kubelet, the certificate is not verified.
+        https: bool,
         /// `None`: the pod's address.
         host: Option<String>,
         port: u16,
@@ -143,17 +145,19 @@ pub async fn run<R: CriRuntime>(
             }
         }
         ProbeAction::HttpGet {
+            https,
             host,
             port,
             path,
             headers,
         } => {
             let host = host.as_deref().unwrap_or(pod_ip);
-            tokio::time::timeout(spec.timeout, http_get(host, *port, path, headers))
+            let scheme = if *https { "https" } else { "http" };
+            tokio::time::timeout(spec.timeout, http_get(*https, host, *port, path, headers))
                 .await
                 .unwrap_or_else(|_| {
                     Err(format!(
-                        "Get \"http://{host}:{port}{path}\": timeout after {:?}",
+                        "Get \"{scheme}://{host}:{port}{path}\": timeout after {:?}",
                         spec.timeout
                     ))
                 })
@@ -161,26 +165,85 @@ pub async fn run<R: CriRuntime>(
     }
 }
 
-/// A GET whose 2xx and 3xx answers are success, as the kubelet's HTTP prober counts them.
-async fn http_get(
-    host: &str,
-    port: u16,
+/// Accepts any server certificate. The kubelet's HTTPS probes do not verify either: they
+/// check a pod's own endpoint, which usually has a self-signed certificate. Signatures are
+/// still checked, so the handshake is a real one.
+#[derive(Debug)]
+struct AnyCertificate(std::sync::Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+fn probe_tls() -> Result<tokio_rustls::TlsConnector, rustls::Error> {
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?
+        .dangerous()
+        .with_custom_certificate_verifier(std::sync::Arc::new(AnyCertificate(provider)))
+        .with_no_client_auth();
+    Ok(tokio_rustls::TlsConnector::from(std::sync::Arc::new(cfg)))
+}
+
+/// Sends one GET over an established connection; 2xx and 3xx are success, as the kubelet's
+/// HTTP prober counts them.
+async fn get_over<S>(
+    io: S,
+    authority: &str,
     path: &str,
     headers: &[(String, String)],
-) -> Result<(), String> {
+) -> Result<u16, String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     use http_body_util::Empty;
-    let url = format!("http://{host}:{port}{path}");
-    let fail = |e: &dyn std::fmt::Display| format!("Get \"{url}\": {e}");
-    let stream = tokio::net::TcpStream::connect((host, port))
+    let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io))
         .await
-        .map_err(|e| fail(&e))?;
-    let (mut send, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .map_err(|e| fail(&e))?;
+        .map_err(|e| e.to_string())?;
     let driver = tokio::spawn(conn);
     let mut req = hyper::Request::get(if path.is_empty() { "/" } else { path })
-        .header(hyper::header::HOST, format!("{host}:{port}"))
+        .header(hyper::header::HOST, authority)
         .header(hyper::header::USER_AGENT, "kube-probe/edgehub")
         .header(hyper::header::ACCEPT, "*/*");
     for (k, v) in headers {
@@ -188,10 +251,39 @@ async fn http_get(
     }
     let req = req
         .body(Empty::<bytes::Bytes>::new())
-        .map_err(|e| fail(&e))?;
-    let resp = send.send_request(req).await.map_err(|e| fail(&e));
+        .map_err(|e| e.to_string())?;
+    let resp = send.send_request(req).await.map_err(|e| e.to_string());
     driver.abort();
-    let code = resp?.status().as_u16();
+    Ok(resp?.status().as_u16())
+}
+
+async fn http_get(
+    https: bool,
+    host: &str,
+    port: u16,
+    path: &str,
+    headers: &[(String, String)],
+) -> Result<(), String> {
+    let scheme = if https { "https" } else { "http" };
+    let url = format!("{scheme}://{host}:{port}{path}");
+    let fail = |e: &dyn std::fmt::Display| format!("Get \"{url}\": {e}");
+    let authority = format!("{host}:{port}");
+    let stream = tokio::net::TcpStream::connect((host, port))
+        .await
+        .map_err(|e| fail(&e))?;
+    let code = if https {
+        let name =
+            rustls::pki_types::ServerName::try_from(host.to_string()).map_err(|e| fail(&e))?;
+        let tls = probe_tls()
+            .map_err(|e| fail(&e))?
+            .connect(name, stream)
+            .await
+            .map_err(|e| fail(&e))?;
+        get_over(tls, &authority, path, headers).await
+    } else {
+        get_over(stream, &authority, path, headers).await
+    }
+    .map_err(|e| fail(&e))?;
     if (200..400).contains(&code) {
         Ok(())
     } else {
@@ -281,6 +373,7 @@ mod tests {
         };
         let http = |path: &str, headers: Vec<(String, String)>| {
             mk(ProbeAction::HttpGet {
+                https: false,
                 host: None,
                 port,
                 path: path.into(),

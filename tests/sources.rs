@@ -166,5 +166,9 @@ async fn offline_keeps_the_cache_and_gone_pods_take_their_sources_with_them() {
     e.server.remove("pods", "vehicle", "gateway-v9hb2");
     let st = refresh(&mut e).await;
     assert_eq!((st.fetched, st.failed), (0, 3), "{st:?}");
-    assert!(e.server.count(|q| q.status == 403 && q.path.contains("/configmaps/")) >= 3);
+    assert!(
+        e.server
+            .count(|q| q.status == 403 && q.path.contains("/configmaps/"))
+            >= 3
+    );
 }

@@ -608,6 +608,7 @@ fn probes_take_the_api_defaults_and_named_ports() {
     assert_eq!(
         l.action,
         ProbeAction::HttpGet {
+            https: false,
             host: None,
             port: 8080,
             path: "/healthz".into(),
@@ -634,7 +635,7 @@ fn probes_take_the_api_defaults_and_named_ports() {
             "spec.containers[0].livenessProbe.grpc",
         ),
         (
-            json!({"httpGet": {"port": 1, "scheme": "HTTPS"}}),
+            json!({"httpGet": {"port": 1, "scheme": "GOPHER"}}),
             "spec.containers[0].livenessProbe.httpGet.scheme",
         ),
         (
