@@ -147,6 +147,7 @@ fn run(cli: &Cli, reset_cache: bool) -> anyhow::Result<()> {
 }
 
 async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
+    let mut signals = Signals::install()?;
     let mode = if reset_cache {
         OpenMode::ResetCache
     } else {
@@ -212,7 +213,7 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
     tracing::info!(addr = %config.api_addr, socket = ?config.api.socket, "local API serving");
     edgehub::notify::notify("READY=1");
 
-    wait_for_signal().await?;
+    signals.wait().await;
     tracing::info!("shutting down");
     edgehub::notify::notify("STOPPING=1");
     // Ignore the error: it only means every task already stopped.
@@ -228,15 +229,29 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn wait_for_signal() -> anyhow::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).context("cannot install SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("cannot install SIGINT handler")?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+/// SIGTERM and SIGINT, caught from the moment this is created: installed at the start of
+/// `run`, a signal sent right after READY=1 (or during start-up) still ends in a clean
+/// shutdown instead of the default action killing the process.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> anyhow::Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Signals {
+            term: signal(SignalKind::terminate()).context("cannot install SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("cannot install SIGINT handler")?,
+        })
     }
-    Ok(())
+
+    async fn wait(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
+    }
 }
 
 /// A client for this node's local API, from the same configuration `edgehub run` uses.

@@ -109,6 +109,9 @@ pub struct Reconciler<R: CriRuntime> {
     reported: HashMap<String, String>,
     /// Probe history per (pod uid, container name).
     probes: HashMap<(String, String), ContainerProbes>,
+    /// Pods the runtime refused, by uid: retried after the same backoff as crash loops
+    /// (the kubelet's ImagePullBackOff), not on every pass.
+    refused: HashMap<String, Restarts>,
 }
 
 /// The probes of one running container; replaced when the container is.
@@ -170,6 +173,7 @@ impl<R: CriRuntime> Reconciler<R> {
             restarts: HashMap::new(),
             reported: HashMap::new(),
             probes: HashMap::new(),
+            refused: HashMap::new(),
         }
     }
 
@@ -365,6 +369,14 @@ impl<R: CriRuntime> Reconciler<R> {
             }
         }
         for (pod, raw) in &parsed {
+            let waiting = self
+                .refused
+                .get(&pod.index.uid)
+                .and_then(|r| r.next_allowed)
+                .is_some_and(|t| Instant::now() < t);
+            if waiting {
+                continue;
+            }
             match self
                 .ensure_pod(pod, raw, &sandboxes, &containers, &mut pass)
                 .await
@@ -374,6 +386,7 @@ impl<R: CriRuntime> Reconciler<R> {
                     let status = self.observe(&plan, &sandboxes, &containers).await?;
                     self.queue_status(pod, status)?;
                     self.reported.remove(&pod.index.uid);
+                    self.refused.remove(&pod.index.uid);
                 }
                 Err(EnsureError::Plan(e)) => {
                     let (reason, message) = match &e {
@@ -405,6 +418,9 @@ impl<R: CriRuntime> Reconciler<R> {
                 // down fails the whole pass instead.
                 Err(EnsureError::Runtime(RuntimeError::Cri(e))) if !e.is_unavailable() => {
                     let reason = pod_failure_reason(&e);
+                    let r = self.refused.entry(pod.index.uid.clone()).or_default();
+                    r.count += 1;
+                    r.next_allowed = Some(Instant::now() + self.backoff.delay(r.count));
                     let message = e.to_string();
                     if self.reported.get(&pod.index.uid) != Some(&message) {
                         tracing::warn!(pod = %pod.index.name, namespace = %pod.index.namespace, reason, error = %e, "the runtime refused the pod; retrying");
@@ -419,6 +435,7 @@ impl<R: CriRuntime> Reconciler<R> {
         }
 
         self.probes.retain(|(uid, _), _| wanted.contains(uid));
+        self.refused.retain(|uid, _| wanted.contains(uid));
 
         // Sandboxes of pods that are gone or being deleted: stop within the grace period and
         // remove. Deleting pods are then finished on the apiserver.
