@@ -291,7 +291,12 @@ async fn a_lease_conflict_is_reread_and_retried() {
         ("PUT", 200),
         "then renewed"
     );
-    assert!(stats.lease_renewals.load(Ordering::Relaxed) > renewals);
+    // The server logs the PUT before edgehub has read the answer and counted it: wait for it
+    // (under qemu the gap is long enough to see).
+    wait_until(10, "the renewal is counted", || {
+        stats.lease_renewals.load(Ordering::Relaxed) > renewals
+    })
+    .await;
     assert_eq!(
         e.server.get("leases", "kube-node-lease", "edge-1").unwrap()["spec"]["holderIdentity"],
         "edge-1"
