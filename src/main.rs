@@ -153,8 +153,9 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
     } else {
         OpenMode::Normal
     };
-    // Start-up order: the store, then the CRI, then the local API, then the sync, so the
-    // cache is served before the apiserver has answered (or when it never does).
+    // Start-up order: the store, then the CRI, then the pod runtime, then the local API, then
+    // the sync. Pods run and the cache is served before the apiserver has answered (or when
+    // it never does).
     let store = Arc::new(Store::open(&config.db_path(), mode)?);
     tracing::info!(node = %config.node_name, db = %store.path().display(), "store open");
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
@@ -191,8 +192,7 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
         edgehub::sources::fetch::Fetcher::new(client.clone(), store.clone())
             .run(shutdown_rx.clone()),
     );
-    let sync = edgehub::sync::Sync::spawn(&config, client, store.clone(), shutdown_rx.clone());
-    let node_task = tokio::spawn(agent.run(sync.link.clone(), shutdown_rx.clone()));
+    let mut sync = edgehub::sync::Sync::prepare(&config, client, store.clone());
     let state = Arc::new(api::ApiState {
         store: store.clone(),
         link: sync.link.clone(),
@@ -211,6 +211,8 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
         )));
     }
     tracing::info!(addr = %config.api_addr, socket = ?config.api.socket, "local API serving");
+    sync.start(shutdown_rx.clone());
+    let node_task = tokio::spawn(agent.run(sync.link.clone(), shutdown_rx.clone()));
     edgehub::notify::notify("READY=1");
 
     signals.wait().await;

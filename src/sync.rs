@@ -221,6 +221,7 @@ pub fn delay_after(e: &KubeError, backoff: &mut Backoff) -> Duration {
 pub struct Sync {
     pub link: watch::Receiver<LinkState>,
     pub stats: Vec<(String, Arc<ReflectorStats>)>,
+    pending: Vec<Reflector>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -232,6 +233,14 @@ impl Sync {
         store: Arc<Store>,
         shutdown: watch::Receiver<bool>,
     ) -> Sync {
+        let mut sync = Sync::prepare(config, client, store);
+        sync.start(shutdown);
+        sync
+    }
+
+    /// Plans the reflectors and prunes the cache to their selection, without starting
+    /// them: the link state and stats exist for the local API before the sync begins.
+    pub fn prepare(config: &Config, client: ApiClient, store: Arc<Store>) -> Sync {
         let (reporter, link) = LinkReporter::new();
         let specs = plan(&config.node_name, &config.sync);
         // A changed node name or namespace list must not leave objects or cursors of the old
@@ -250,7 +259,7 @@ impl Sync {
             Err(e) => tracing::warn!(error = %e, "cannot prune the cache to the sync selection"),
         }
         let mut stats = Vec::new();
-        let mut tasks = Vec::new();
+        let mut pending = Vec::new();
         for spec in specs {
             let st = Arc::new(ReflectorStats::default());
             stats.push((spec.key(), st.clone()));
@@ -262,9 +271,21 @@ impl Sync {
                 cfg: config.sync.clone(),
                 stats: st,
             };
-            tasks.push(tokio::spawn(r.run(shutdown.clone())));
+            pending.push(r);
         }
-        Sync { link, stats, tasks }
+        Sync {
+            link,
+            stats,
+            pending,
+            tasks: Vec::new(),
+        }
+    }
+
+    /// Starts the reflectors [`Sync::prepare`] planned.
+    pub fn start(&mut self, shutdown: watch::Receiver<bool>) {
+        for r in self.pending.drain(..) {
+            self.tasks.push(tokio::spawn(r.run(shutdown.clone())));
+        }
     }
 
     /// Waits for every reflector to stop (after shutdown was signalled).
