@@ -140,28 +140,33 @@ async fn containerd_alone(socket: &Path, n: usize) -> Duration {
     took
 }
 
-async fn rss_of_edgehub_with_20_pods(socket: &Path) -> Option<u64> {
-    let bin = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/edgehub");
+/// `edgehub run` (the release binary) against `server`, with its own data dir.
+fn spawn_edgehub(
+    server: &edgehub_testsupport::FakeApiServer,
+    dir: &Path,
+    socket: &Path,
+) -> Option<std::process::Child> {
+    // EDGEHUB_BENCH_BIN measures another build, such as the static musl one the devices run
+    // (its allocator keeps a different amount of memory).
+    let bin = std::env::var_os("EDGEHUB_BENCH_BIN")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/edgehub"));
     if !bin.exists() {
-        println!("RSS: build the release binary first (cargo build --release --bin edgehub)");
+        println!(
+            "RSS: build the release binary first (cargo build --release --bin edgehub), or set EDGEHUB_BENCH_BIN"
+        );
         return None;
     }
-    let server = edgehub_testsupport::FakeApiServer::start()
-        .await
-        .expect("fake apiserver");
-    for i in 0..20 {
-        server.apply("pods", pod(i, "rss"));
-    }
-    let dir = tempfile::tempdir().expect("tempdir");
+    println!("RSS of {}", bin.display());
     let kc = server
-        .write_kubeconfig(&dir.path().join("kube"), edgehub_testsupport::NODE_TOKEN)
-        .expect("kubeconfig");
+        .write_kubeconfig(&dir.join("kube"), edgehub_testsupport::NODE_TOKEN)
+        .ok()?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .ok()?
         .local_addr()
         .ok()?
         .port();
-    let mut child = std::process::Command::new(&bin)
+    std::process::Command::new(&bin)
         .args([
             "--node-name",
             "edge-1",
@@ -169,7 +174,7 @@ async fn rss_of_edgehub_with_20_pods(socket: &Path) -> Option<u64> {
             &format!("127.0.0.1:{port}"),
         ])
         .arg("--data-dir")
-        .arg(dir.path().join("data"))
+        .arg(dir.join("data"))
         .arg("--kubeconfig")
         .arg(&kc)
         .arg("--cri-socket")
@@ -177,24 +182,42 @@ async fn rss_of_edgehub_with_20_pods(socket: &Path) -> Option<u64> {
         .arg("run")
         .stderr(std::process::Stdio::null())
         .spawn()
-        .ok()?;
+        .ok()
+}
+
+fn vm_rss_kib(pid: u32) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+}
+
+fn stop(mut child: std::process::Child) {
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+}
+
+async fn rss_of_edgehub_with_20_pods(socket: &Path) -> Option<u64> {
+    let server = edgehub_testsupport::FakeApiServer::start()
+        .await
+        .expect("fake apiserver");
+    for i in 0..20 {
+        server.apply("pods", pod(i, "rss"));
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let child = spawn_edgehub(&server, dir.path(), socket)?;
     let c = CriClient::new(socket);
     let deadline = Instant::now() + Duration::from_secs(60);
     while running_count(&c, "edge-1").await < 20 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let status =
-        std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap_or_default();
-    let rss = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
+    let rss = vm_rss_kib(child.id());
     let running = running_count(&c, "edge-1").await;
-    let _ = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    let _ = child.wait();
+    stop(child);
     // The pods stay in containerd after edgehub exits (they are meant to): remove them.
     for sb in c
         .list_pod_sandbox(HashMap::from([(
@@ -209,6 +232,50 @@ async fn rss_of_edgehub_with_20_pods(socket: &Path) -> Option<u64> {
     }
     println!(
         "edgehub run with {running} running pods: VmRSS {} KiB",
+        rss.unwrap_or(0)
+    );
+    rss
+}
+
+/// DESIGN's budget: idle RSS with 100 pods cached. The pods are the recorded telemetry pod
+/// (about 5.5 KB each) under 100 names. The runtime socket does not exist, so they stay
+/// cached and not running: 100 real containers would measure containerd's shims, not
+/// edgehub.
+async fn rss_idle_with_100_pods_cached() -> Option<u64> {
+    let server = edgehub_testsupport::FakeApiServer::start()
+        .await
+        .expect("fake apiserver");
+    server.seed_recorded_cluster();
+    let recorded = server.get("pods", "vehicle", "telemetry-sv74m")?;
+    for i in 0..100 {
+        let mut p = recorded.clone();
+        p["metadata"]["name"] = json!(format!("telemetry-{i:03}"));
+        p["metadata"]["uid"] = json!(format!("idle-{i:03}"));
+        server.apply("pods", p);
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let child = spawn_edgehub(&server, dir.path(), &dir.path().join("no-runtime.sock"))?;
+    let db = dir.path().join("data/edgehub.db");
+    let cached = || {
+        rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .and_then(|c| {
+                c.query_row("SELECT count(*) FROM objects WHERE kind = 'Pod'", [], |r| {
+                    r.get::<_, i64>(0)
+                })
+            })
+            .unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while cached() < 102 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Idle: the sync is watching, the pod sources are fetched, nothing else happens.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let rss = vm_rss_kib(child.id());
+    let n = cached();
+    stop(child);
+    println!(
+        "edgehub run idle with {n} pods cached (runtime absent): VmRSS {} KiB",
         rss.unwrap_or(0)
     );
     rss
@@ -240,5 +307,6 @@ fn main() {
             );
         }
         rss_of_edgehub_with_20_pods(&socket).await;
+        rss_idle_with_100_pods_cached().await;
     });
 }

@@ -7,7 +7,6 @@ use edgehub::object::Kind;
 use edgehub::sources::fetch::Fetcher;
 use edgehub::store::{CachedToken, Change, OpenMode, Store, StoredObject};
 use edgehub_testsupport::FakeApiServer;
-use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,14 +46,7 @@ async fn env() -> Env {
 
 async fn refresh(e: &mut Env) -> edgehub::sources::fetch::FetchStats {
     let pods = e.store.list(Kind::Pod).unwrap();
-    let parsed: Vec<(StoredObject, Value)> = pods
-        .into_iter()
-        .map(|p| {
-            let v = serde_json::from_str(&p.raw).unwrap();
-            (p, v)
-        })
-        .collect();
-    let refs: Vec<(&StoredObject, &Value)> = parsed.iter().map(|(p, v)| (p, v)).collect();
+    let refs = edgehub::sources::fetch::pod_references(&pods);
     e.fetcher.refresh(&refs).await.unwrap()
 }
 
