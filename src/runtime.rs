@@ -235,7 +235,7 @@ impl<R: CriRuntime> Reconciler<R> {
                 namespace: pod.index.namespace.clone(),
                 body: ev.to_string(),
             },
-            now_ms(),
+            crate::time::now_ms(),
         )?;
         Ok(())
     }
@@ -1198,13 +1198,6 @@ pub fn unsupported_event(pod: &StoredObject, u: &Unsupported, node: &str, now: &
         node,
         now,
     )
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 fn nanos_to_rfc3339(n: i64) -> String {

@@ -73,6 +73,14 @@ pub fn parse_rfc3339(t: &str) -> Option<i64> {
     Some(days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + s)
 }
 
+/// Milliseconds since the Unix epoch (0 if the clock is before it), as the store records times.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
 pub fn now() -> String {
     rfc3339(SystemTime::now())
 }

@@ -13,7 +13,7 @@ use crate::store::{CachedSource, CachedToken, Store, StoreError, StoredObject};
 use serde_json::Value;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 /// What one refresh did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -39,13 +39,6 @@ pub struct Fetcher {
     attempts: HashMap<Key, (Instant, bool)>,
     /// Failures already logged, so a refused reference warns once, not every pass.
     warned: HashSet<Key>,
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 /// Whether a token issued at `issued_ms` and valid until `expires_ms` should be renewed.
@@ -181,7 +174,7 @@ impl Fetcher {
                             namespace: key.1.clone(),
                             name: key.2.clone(),
                             raw: got,
-                            fetched_ms: now_ms(),
+                            fetched_ms: crate::time::now_ms(),
                         })?;
                         if changed {
                             st.changed += 1;
@@ -206,7 +199,7 @@ impl Fetcher {
                         let cached =
                             self.store
                                 .get_token(&pod.index.uid, audience, *expiration_secs)?;
-                        let now = now_ms();
+                        let now = crate::time::now_ms();
                         let needed = cached
                             .as_ref()
                             .is_none_or(|t| token_due(now, t.issued_ms, t.expires_ms));

@@ -94,13 +94,6 @@ fn row(r: &Row<'_>) -> rusqlite::Result<RequestRecord> {
     })
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
-
 fn active(
     conn: &Connection,
     kind: RequestKind,
@@ -120,7 +113,7 @@ pub fn record(conn: &mut Connection, req: &NewRequest<'_>) -> Result<Recorded, S
     if let Some(existing) = active(&tx, req.kind, req.pod_uid)? {
         return Ok(Recorded::Active(existing));
     }
-    let now = now_ms();
+    let now = crate::time::now_ms();
     tx.prepare_cached(
         "INSERT INTO requests (kind, pod_uid, namespace, name, from_hash, to_hash, state, created_ms, updated_ms)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'Requested', ?7, ?7)",
@@ -176,7 +169,7 @@ pub fn set_state(
     conn.prepare_cached(
         "UPDATE requests SET state = ?2, error = ?3, updated_ms = ?4 WHERE id = ?1",
     )?
-    .execute(params![id, state, error, now_ms()])?;
+    .execute(params![id, state, error, crate::time::now_ms()])?;
     Ok(())
 }
 
@@ -196,7 +189,7 @@ pub fn queue_status(conn: &Connection, q: &QueuedStatus) -> Result<bool, StoreEr
              ON CONFLICT (pod_uid) DO UPDATE SET patch = excluded.patch, queued_ms = excluded.queued_ms
              WHERE patch != excluded.patch",
         )?
-        .execute(params![q.pod_uid, q.namespace, q.name, q.patch, now_ms()])?;
+        .execute(params![q.pod_uid, q.namespace, q.name, q.patch, crate::time::now_ms()])?;
     Ok(n > 0)
 }
 
