@@ -170,6 +170,16 @@ fn items<'a>(v: &'a Value, key: &str) -> impl Iterator<Item = (usize, &'a Value)
         .enumerate()
 }
 
+/// The strings of a JSON array (other elements skipped); empty when absent.
+fn strings(v: Option<&Value>) -> Vec<String> {
+    v.and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(str::to_string)
+        .collect()
+}
+
 fn s<'a>(v: &'a Value, p: &str) -> &'a str {
     v.pointer(p).and_then(Value::as_str).unwrap_or("")
 }
@@ -1047,17 +1057,6 @@ fn container(
             .into())
         }
     };
-    let strings = |k: &str| -> Vec<String> {
-        c.get(k)
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(Value::as_str)
-                    .map(str::to_string)
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
     // envFrom first, then env, so an explicit variable wins (as with the kubelet).
     let mut envs = env_from(c, field, ctx, &pod_ns(pod))?;
     for (i, e) in items(c, "env") {
@@ -1094,17 +1093,7 @@ fn container(
         });
     }
     let sc = c.get("securityContext");
-    let caps = |k: &str| -> Vec<String> {
-        sc.and_then(|s| s.pointer(&format!("/capabilities/{k}")))
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(Value::as_str)
-                    .map(str::to_string)
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
+    let caps = |k: &str| strings(sc.and_then(|s| s.pointer(&format!("/capabilities/{k}"))));
     let int = |k: &str| {
         sc.and_then(|s| s.get(k))
             .and_then(Value::as_i64)
@@ -1164,8 +1153,8 @@ fn container(
             image: image.clone(),
             ..Default::default()
         }),
-        command: strings("command"),
-        args: strings("args"),
+        command: strings(c.get("command")),
+        args: strings(c.get("args")),
         working_dir: s(c, "/workingDir").to_string(),
         envs,
         mounts,
@@ -1232,9 +1221,7 @@ fn probe(c: &Value, key: &str, field: &str) -> Result<Option<ProbeSpec>, Unsuppo
             .clamp(1, 1_000) as u32
     };
     let action = if let Some(e) = p.get("exec") {
-        let cmd: Vec<String> = items(e, "command")
-            .filter_map(|(_, a)| a.as_str().map(str::to_string))
-            .collect();
+        let cmd = strings(e.get("command"));
         if cmd.is_empty() {
             return Err(unsupported(
                 format!("{field}.exec.command"),
