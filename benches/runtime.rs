@@ -92,27 +92,13 @@ async fn containerd_alone(socket: &Path, n: usize) -> Duration {
     let mut made = Vec::new();
     for i in 0..n {
         let uid = format!("raw-{n}-{i}-{}", std::process::id());
-        let sb_cfg = api::PodSandboxConfig {
-            metadata: Some(api::PodSandboxMetadata {
-                name: format!("raw-{n}-{i}"),
-                uid: uid.clone(),
-                namespace: "bench".into(),
-                attempt: 0,
-            }),
-            log_directory: logs.path().display().to_string(),
-            labels: HashMap::from([("bench".to_string(), "raw".to_string())]),
-            linux: Some(api::LinuxPodSandboxConfig {
-                security_context: Some(api::LinuxSandboxSecurityContext {
-                    namespace_options: Some(api::NamespaceOption {
-                        network: api::NamespaceMode::Node as i32,
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
+        let sb_cfg = common::host_network_sandbox(
+            &format!("raw-{n}-{i}"),
+            &uid,
+            "bench",
+            logs.path(),
+            HashMap::from([("bench".to_string(), "raw".to_string())]),
+        );
         let sb = c.run_pod_sandbox(sb_cfg.clone()).await.expect("sandbox");
         let cfg = api::ContainerConfig {
             metadata: Some(api::ContainerMetadata {

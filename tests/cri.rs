@@ -15,34 +15,18 @@ fn stack() -> PathBuf {
 const IMAGE_1: &str = "127.0.0.1:5000/busybox:1.0";
 
 fn sandbox_config(name: &str, uid: &str, log_dir: &std::path::Path) -> api::PodSandboxConfig {
-    api::PodSandboxConfig {
-        metadata: Some(api::PodSandboxMetadata {
-            name: name.into(),
-            uid: uid.into(),
-            namespace: "cri-test".into(),
-            attempt: 0,
-        }),
-        // Host-network pods leave the hostname empty, as the kubelet does.
-        hostname: String::new(),
-        log_directory: log_dir.display().to_string(),
-        labels: HashMap::from([
+    common::host_network_sandbox(
+        name,
+        uid,
+        "cri-test",
+        log_dir,
+        HashMap::from([
             (labels::POD_NAME.into(), name.into()),
             (labels::POD_NAMESPACE.into(), "cri-test".into()),
             (labels::POD_UID.into(), uid.into()),
             (labels::MANAGED_BY.into(), "edgehub".into()),
         ]),
-        linux: Some(api::LinuxPodSandboxConfig {
-            security_context: Some(api::LinuxSandboxSecurityContext {
-                namespace_options: Some(api::NamespaceOption {
-                    network: api::NamespaceMode::Node as i32,
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
+    )
 }
 
 #[tokio::test]

@@ -331,27 +331,13 @@ async fn objects_without_edgehubs_label_are_never_touched() {
     let e = env();
     let c = CriClient::new(&e.socket);
     let logs = tempfile::tempdir().unwrap();
-    let foreign = api::PodSandboxConfig {
-        metadata: Some(api::PodSandboxMetadata {
-            name: "foreign".into(),
-            uid: uid("foreign"),
-            namespace: "other".into(),
-            attempt: 0,
-        }),
-        log_directory: logs.path().display().to_string(),
-        labels: HashMap::from([("owner".to_string(), "someone-else".to_string())]),
-        linux: Some(api::LinuxPodSandboxConfig {
-            security_context: Some(api::LinuxSandboxSecurityContext {
-                namespace_options: Some(api::NamespaceOption {
-                    network: api::NamespaceMode::Node as i32,
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    let foreign = common::host_network_sandbox(
+        "foreign",
+        &uid("foreign"),
+        "other",
+        logs.path(),
+        HashMap::from([("owner".to_string(), "someone-else".to_string())]),
+    );
     let sb = c.run_pod_sandbox(foreign).await.unwrap();
     // The cache is empty: edgehub wants nothing, yet removes nothing that is not its own.
     reconciler(&e, None).reconcile().await.unwrap();

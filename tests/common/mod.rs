@@ -196,3 +196,37 @@ pub fn cri_stack() -> PathBuf {
             .trim(),
     )
 }
+
+/// A host-network sandbox config (empty hostname, as the kubelet leaves it for such pods),
+/// for tests and benches that drive the CRI directly.
+pub fn host_network_sandbox(
+    name: &str,
+    uid: &str,
+    namespace: &str,
+    log_dir: &Path,
+    labels: std::collections::HashMap<String, String>,
+) -> edgehub::cri::api::PodSandboxConfig {
+    use edgehub::cri::api;
+    api::PodSandboxConfig {
+        metadata: Some(api::PodSandboxMetadata {
+            name: name.into(),
+            uid: uid.into(),
+            namespace: namespace.into(),
+            attempt: 0,
+        }),
+        hostname: String::new(),
+        log_directory: log_dir.display().to_string(),
+        labels,
+        linux: Some(api::LinuxPodSandboxConfig {
+            security_context: Some(api::LinuxSandboxSecurityContext {
+                namespace_options: Some(api::NamespaceOption {
+                    network: api::NamespaceMode::Node as i32,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
