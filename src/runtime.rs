@@ -383,7 +383,7 @@ impl<R: CriRuntime> Reconciler<R> {
                 Ok(plan) => {
                     self.probe_pod(pod, &plan, &containers, &mut pass).await?;
                     let status = self.observe(&plan, &sandboxes, &containers).await?;
-                    self.queue_status(pod, status)?;
+                    self.queue_status(pod, raw, status)?;
                     self.reported.remove(&pod.index.uid);
                     self.refused.remove(&pod.index.uid);
                 }
@@ -404,7 +404,7 @@ impl<R: CriRuntime> Reconciler<R> {
                         self.queue_warning(pod, reason, &message)?;
                         self.reported.insert(pod.index.uid.clone(), message.clone());
                     }
-                    self.queue_status(pod, blocked_status(reason, &message))?;
+                    self.queue_status(pod, raw, blocked_status(reason, &message))?;
                     match e {
                         PlanError::Unsupported(u) => {
                             pass.unsupported.push((pod.index.name.clone(), u))
@@ -426,7 +426,7 @@ impl<R: CriRuntime> Reconciler<R> {
                         self.queue_warning(pod, reason, &message)?;
                         self.reported.insert(pod.index.uid.clone(), message.clone());
                     }
-                    self.queue_status(pod, blocked_status(reason, &message))?;
+                    self.queue_status(pod, raw, blocked_status(reason, &message))?;
                     pass.failed.push((pod.index.name.clone(), message));
                 }
                 Err(EnsureError::Runtime(e)) => return Err(e),
@@ -513,10 +513,15 @@ impl<R: CriRuntime> Reconciler<R> {
         Ok(sent)
     }
 
-    /// Queues the pod's status if it differs from what the apiserver has (as cached).
-    fn queue_status(&self, pod: &StoredObject, status: Value) -> Result<(), RuntimeError> {
-        let cached: Value = serde_json::from_str(&pod.raw).unwrap_or(Value::Null);
-        let have = cached.get("status").cloned().unwrap_or(Value::Null);
+    /// Queues the pod's status if it differs from what the apiserver has: the status of
+    /// `cached`, the pod as this pass parsed it.
+    fn queue_status(
+        &self,
+        pod: &StoredObject,
+        cached: &Value,
+        status: Value,
+    ) -> Result<(), RuntimeError> {
+        let have = cached.get("status").unwrap_or(&Value::Null);
         // Already what the apiserver holds: nothing to send, nothing to write.
         let covered = status.as_object().is_some_and(|m| {
             m.iter().all(|(k, v)| match (k.as_str(), v) {
