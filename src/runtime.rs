@@ -78,7 +78,8 @@ pub struct Pass {
     pub volumes_updated: usize,
     /// Pods waiting for a ConfigMap, Secret or token edgehub does not have.
     pub missing: Vec<(String, Missing)>,
-    /// Pods the runtime refused (image pull, container creation), and why.
+    /// Pods the runtime or the host refused (image pull, container creation, volumes), and
+    /// why.
     pub failed: Vec<(String, String)>,
     /// Liveness and readiness probes run.
     pub probes_run: usize,
@@ -218,6 +219,30 @@ impl<R: CriRuntime> Reconciler<R> {
                 }
             }
         }
+    }
+
+    /// A pod the runtime or the host refused: it says why (status and Event, once per
+    /// message), the other pods carry on, and it is retried after the crash-loop backoff
+    /// (the kubelet's ImagePullBackOff) rather than on every pass.
+    fn pod_failed(
+        &mut self,
+        pod: &StoredObject,
+        raw: &Value,
+        reason: &'static str,
+        message: String,
+        pass: &mut Pass,
+    ) -> Result<(), RuntimeError> {
+        let r = self.refused.entry(pod.index.uid.clone()).or_default();
+        r.count += 1;
+        r.next_allowed = Some(Instant::now() + self.backoff.delay(r.count));
+        if self.reported.get(&pod.index.uid) != Some(&message) {
+            tracing::warn!(pod = %pod.index.name, namespace = %pod.index.namespace, reason, error = %message, "the pod was refused; retrying");
+            self.queue_warning(pod, reason, &message)?;
+            self.reported.insert(pod.index.uid.clone(), message.clone());
+        }
+        self.queue_status(pod, raw, blocked_status(reason, &message))?;
+        pass.failed.push((pod.index.name.clone(), message));
+        Ok(())
     }
 
     /// Queues a Warning Event about a pod in the store, for the next time the link is up.
@@ -416,18 +441,12 @@ impl<R: CriRuntime> Reconciler<R> {
                 // create): the pod says why, and the other pods carry on. A runtime that is
                 // down fails the whole pass instead.
                 Err(EnsureError::Runtime(RuntimeError::Cri(e))) if !e.is_unavailable() => {
-                    let reason = pod_failure_reason(&e);
-                    let r = self.refused.entry(pod.index.uid.clone()).or_default();
-                    r.count += 1;
-                    r.next_allowed = Some(Instant::now() + self.backoff.delay(r.count));
-                    let message = e.to_string();
-                    if self.reported.get(&pod.index.uid) != Some(&message) {
-                        tracing::warn!(pod = %pod.index.name, namespace = %pod.index.namespace, reason, error = %e, "the runtime refused the pod; retrying");
-                        self.queue_warning(pod, reason, &message)?;
-                        self.reported.insert(pod.index.uid.clone(), message.clone());
-                    }
-                    self.queue_status(pod, raw, blocked_status(reason, &message))?;
-                    pass.failed.push((pod.index.name.clone(), message));
+                    self.pod_failed(pod, raw, pod_failure_reason(&e), e.to_string(), &mut pass)?
+                }
+                // The host refused the pod's volumes (a hostPath of the wrong type, a full
+                // disk): the kubelet's FailedMount, retried like the above.
+                Err(EnsureError::Volume(u)) => {
+                    self.pod_failed(pod, raw, "FailedMount", u.to_string(), &mut pass)?
                 }
                 Err(EnsureError::Runtime(e)) => return Err(e),
             }
@@ -782,8 +801,8 @@ impl<R: CriRuntime> Reconciler<R> {
 
         let sandbox_id = match ready {
             Some(s) => {
-                pass.volumes_updated += crate::volumes::refresh_files(&plan)
-                    .map_err(|u| EnsureError::Plan(u.into()))?;
+                pass.volumes_updated +=
+                    crate::volumes::refresh_files(&plan).map_err(EnsureError::Volume)?;
                 s.id.clone()
             }
             None => {
@@ -795,7 +814,7 @@ impl<R: CriRuntime> Reconciler<R> {
                     self.ignore_missing(self.cri.stop_pod_sandbox(&old.id).await)?;
                     self.ignore_missing(self.cri.remove_pod_sandbox(&old.id).await)?;
                 }
-                crate::volumes::prepare(&plan, &ctx).map_err(|u| EnsureError::Plan(u.into()))?;
+                crate::volumes::prepare(&plan, &ctx).map_err(EnsureError::Volume)?;
                 let id = self.cri.run_pod_sandbox(plan.sandbox.clone()).await?;
                 tracing::info!(pod = %plan.name, namespace = %plan.namespace, sandbox = %id, attempt, "sandbox started");
                 pass.sandboxes_created += 1;
@@ -1212,6 +1231,8 @@ fn nanos_to_rfc3339(n: i64) -> String {
 #[derive(Debug)]
 enum EnsureError {
     Plan(PlanError),
+    /// Preparing the volumes on the host failed.
+    Volume(Unsupported),
     Runtime(RuntimeError),
 }
 
@@ -1576,6 +1597,33 @@ mod tests {
                 v["status"]["containerStatuses"][0]["imageID"],
                 "fake@sha256:1"
             );
+        }
+
+        #[tokio::test]
+        async fn a_volume_the_host_refuses_is_failed_mount_and_the_others_run() {
+            let (dir, store, mut r) = setup();
+            let mut bad: Value = serde_json::from_str(&pod("bad", "img:1").raw).unwrap();
+            // A hostPath that must be a file but is a directory.
+            bad["spec"]["volumes"] = serde_json::json!([{"name": "f", "hostPath": {
+                "path": dir.path().display().to_string(), "type": "File"}}]);
+            let bad = StoredObject::from_raw(Kind::Pod, bad.to_string()).unwrap();
+            store
+                .apply(
+                    Kind::Pod,
+                    &[Change::Upsert(bad), Change::Upsert(pod("good", "img:1"))],
+                    None,
+                )
+                .unwrap();
+            let pass = r.reconcile().await.unwrap();
+            assert!(pass.unsupported.is_empty(), "{pass:?}");
+            assert_eq!(pass.failed.len(), 1, "{pass:?}");
+            assert!(pass.failed[0].1.contains("is not a File"), "{pass:?}");
+            assert_eq!(pass.containers_started, 1, "the good pod runs");
+            let q = store.queued_statuses().unwrap();
+            let bad_status = q.iter().find(|s| s.name == "bad").unwrap();
+            let v: Value = serde_json::from_str(&bad_status.patch).unwrap();
+            assert_eq!(v["status"]["conditions"][0]["reason"], "FailedMount");
+            assert_eq!(store.queued_events().unwrap().len(), 1);
         }
     }
 
