@@ -5,7 +5,8 @@
 //! apiserver → [`sync`] → [`store`] → the rest. Each module has one job:
 //!
 //! - [`api`]: the local HTTP API (OpenYurt's OTA routes, status, health, metrics);
-//! - [`cache`]: read-side views combining cached objects (a pod's DaemonSet and revisions);
+//! - [`need_upgrade`]: gathers a pod's DaemonSet and revisions from the store for `PodNeedUpgrade`;
+//! - [`local_client`]: the CLI's client of the local API (not the apiserver client, that is [`kube`]);
 //! - [`config`]: file + env + flags → a validated [`config::Config`];
 //! - [`store`]: the SQLite cache, the only module that writes SQL;
 //! - [`kube`]: a small apiserver client (kubeconfig, rustls, typed requests, watch streams);
@@ -15,12 +16,12 @@
 //! - [`names`]: DNS-1123 name rules.
 
 pub mod api;
-pub mod cache;
-pub mod client;
 pub mod config;
 pub mod cri;
 pub mod kube;
+pub mod local_client;
 pub mod names;
+pub mod need_upgrade;
 pub mod node;
 pub mod notify;
 pub mod object;

@@ -4,10 +4,10 @@
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use edgehub::api::{self, listen};
-use edgehub::client::{self as local, LocalClient};
 use edgehub::config::{Config, Overrides, Source};
 use edgehub::cri::{self, CriClient};
 use edgehub::kube::ApiClient;
+use edgehub::local_client::{self as local, LocalClient};
 use edgehub::store::{OpenMode, Store};
 use edgehub::{node, runtime};
 use std::path::PathBuf;

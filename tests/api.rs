@@ -5,7 +5,7 @@ mod common;
 
 use common::{wait_until, Harness};
 use edgehub::api::{self, listen, ApiState, Listener};
-use edgehub::client::{Answer, LocalClient};
+use edgehub::local_client::{Answer, LocalClient};
 use edgehub::object::Kind;
 use edgehub_testsupport::fixture_body;
 use serde_json::{json, Value};
@@ -215,7 +215,7 @@ async fn offline_the_cache_answers_pod_need_upgrade_and_every_post_code() {
     assert_eq!(st["link"]["state"], "Offline");
     assert_eq!(st["cache"]["pods"], 3);
     assert_eq!(st["activeRequests"].as_array().unwrap().len(), 2);
-    let text = edgehub::client::status_text(&a.body).unwrap();
+    let text = edgehub::local_client::status_text(&a.body).unwrap();
     assert!(
         text.contains("upgrade vehicle/telemetry-sv74m 768bcc7446 -> 55778fbb9f [Requested]"),
         "{text}"

@@ -10,5 +10,5 @@ fuzz_target!(|data: &[u8]| {
         // Whatever is routed has names that passed the DNS-1123 checks.
         let _ = route.name();
     }
-    let _ = edgehub::client::upgrade_path(s, "upgrade");
+    let _ = edgehub::local_client::upgrade_path(s, "upgrade");
 });

@@ -3,7 +3,7 @@
 
 use super::podlist::{write_with_condition, POD_LIST_END, POD_LIST_START};
 use super::{ApiState, Reply};
-use crate::cache::Decider;
+use crate::need_upgrade::Decider;
 use crate::object::Kind;
 use crate::store::{NewRequest, Recorded, RequestKind, RequestRecord};
 use crate::sync::LinkState;
