@@ -147,6 +147,10 @@ pub struct Failure {
 /// One request as the fake saw it.
 #[derive(Debug, Clone)]
 pub struct LoggedRequest {
+    /// The Kubernetes verb: get, list, watch, create, update, patch, delete.
+    pub verb: &'static str,
+    /// The resource's plural (with `/sub` for a subresource), or "" for an unknown path.
+    pub resource: String,
     pub method: String,
     pub path: String,
     pub query: BTreeMap<String, String>,
@@ -191,6 +195,8 @@ struct Db {
     /// (plural, namespace, name) -> object with kind and apiVersion.
     objects: BTreeMap<(String, String, String), Value>,
     history: Vec<Event>,
+    /// When each pod (by uid) was first stored bound to a node, for the authorizer's lag.
+    bound_at: HashMap<String, std::time::Instant>,
 }
 
 #[derive(Default)]
@@ -212,6 +218,9 @@ struct State {
     kill_tx: watch::Sender<u64>,
     rbac_edgehub: AtomicBool,
     bookmark_ms: AtomicU64,
+    /// The Node authorizer's graph lag: for this long after a pod is bound, what it references
+    /// answers 403 "no relationship found", as a real apiserver's does for a moment.
+    authorizer_lag_ms: AtomicU64,
     uid_counter: AtomicU64,
 }
 
@@ -268,6 +277,7 @@ impl FakeApiServer {
             kill_tx,
             rbac_edgehub: AtomicBool::new(true),
             bookmark_ms: AtomicU64::new(60_000),
+            authorizer_lag_ms: AtomicU64::new(0),
             uid_counter: AtomicU64::new(1),
         });
         let listener = TcpListener::bind(addr).await?;
@@ -547,6 +557,25 @@ impl FakeApiServer {
 
     /// Whether the `edgehub` ClusterRole (deploy/rbac.yaml) is bound: without it a node gets
     /// 403 on daemonsets and controllerrevisions.
+    /// Makes the Node authorizer lag: for `lag` after a pod is bound, the ConfigMaps and
+    /// Secrets it references answer the recorded 403 (fixture
+    /// `configmap_get_unreferenced_forbidden`).
+    pub fn set_authorizer_lag(&self, lag: Duration) {
+        self.state
+            .authorizer_lag_ms
+            .store(lag.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    /// Requests seen, counted by (verb, resource), e.g. `("patch", "pods/status")`.
+    pub fn count_by_verb(&self) -> BTreeMap<(String, String), usize> {
+        let mut out = BTreeMap::new();
+        for r in lock(&self.state.log).iter() {
+            *out.entry((r.verb.to_string(), r.resource.clone()))
+                .or_insert(0) += 1;
+        }
+        out
+    }
+
     pub fn set_rbac_edgehub(&self, bound: bool) {
         self.state.rbac_edgehub.store(bound, Ordering::SeqCst);
     }
@@ -672,6 +701,19 @@ fn commit(
     if obj.pointer("/metadata/uid").is_none() {
         obj["metadata"]["uid"] = state.new_uid().into();
     }
+    if rt.plural == "pods" {
+        pod_status_defaults(&mut obj);
+        if obj
+            .pointer("/spec/nodeName")
+            .and_then(Value::as_str)
+            .is_some()
+        {
+            let uid = obj["metadata"]["uid"].as_str().unwrap_or("").to_string();
+            db.bound_at
+                .entry(uid)
+                .or_insert_with(std::time::Instant::now);
+        }
+    }
     db.objects.insert(key, obj.clone());
     db.history.push(Event {
         rv: db.rv,
@@ -683,6 +725,89 @@ fn commit(
     // Watchers wake up and take the db lock after the caller releases it.
     state.rv_tx.send_replace(db.rv);
     obj
+}
+
+/// What the apiserver's Go types write for a pod status whatever the client sent: a
+/// condition's unset times are `null`, a container status always has `state`, `lastState`,
+/// `ready`, `restartCount`, `image` and `imageID`. A client that compares the status it wants
+/// with the one it reads back must expect these.
+fn pod_status_defaults(pod: &mut Value) {
+    let Some(status) = pod.get_mut("status").and_then(Value::as_object_mut) else {
+        return;
+    };
+    if let Some(Value::Array(conds)) = status.get_mut("conditions") {
+        for c in conds.iter_mut().filter_map(Value::as_object_mut) {
+            c.entry("lastProbeTime").or_insert(Value::Null);
+            c.entry("lastTransitionTime").or_insert(Value::Null);
+        }
+    }
+    for list in [
+        "containerStatuses",
+        "initContainerStatuses",
+        "ephemeralContainerStatuses",
+    ] {
+        if let Some(Value::Array(cs)) = status.get_mut(list) {
+            for c in cs.iter_mut().filter_map(Value::as_object_mut) {
+                for (k, default) in [
+                    ("state", json!({})),
+                    ("lastState", json!({})),
+                    ("ready", json!(false)),
+                    ("restartCount", json!(0)),
+                    ("image", json!("")),
+                    ("imageID", json!("")),
+                ] {
+                    c.entry(k).or_insert(default);
+                }
+                for st in ["state", "lastState"] {
+                    if let Some(Value::Object(m)) = c.get_mut(st) {
+                        if let Some(Value::Object(r)) = m.get_mut("running") {
+                            r.entry("startedAt").or_insert(Value::Null);
+                        }
+                        if let Some(Value::Object(t)) = m.get_mut("terminated") {
+                            t.entry("startedAt").or_insert(Value::Null);
+                            t.entry("finishedAt").or_insert(Value::Null);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The apiserver's pod status validation that a node's patches can trip: at most one IP per
+/// family in `podIPs` and `hostIPs` (fixture `pod_status_patch_new_ip_merged_invalid`).
+fn invalid_pod_ips(name: &str, pod: &Value) -> Option<Response<Body>> {
+    for field in ["podIPs", "hostIPs"] {
+        let Some(ips) = pod
+            .pointer(&format!("/status/{field}"))
+            .and_then(Value::as_array)
+        else {
+            continue;
+        };
+        let addrs: Vec<&str> = ips.iter().filter_map(|i| i["ip"].as_str()).collect();
+        let v6 = addrs.iter().filter(|a| a.contains(':')).count();
+        if v6 > 1 || addrs.len() - v6 > 1 {
+            let value = format!(
+                "[{}]",
+                addrs
+                    .iter()
+                    .map(|a| format!("{{\"IP\":\"{a}\"}}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            );
+            let msg = format!(
+                "Invalid value: {value}: may specify no more than one IP for each IP family"
+            );
+            return Some(status(
+                422,
+                "Invalid",
+                &format!("Pod \"{name}\" is invalid: status.{field}: {msg}"),
+                Some(json!({"name": name, "kind": "Pod", "causes": [
+                    {"reason": "FieldValueInvalid", "message": msg, "field": format!("status.{field}")}]})),
+            ));
+        }
+    }
+    None
 }
 
 fn remove_locked(
@@ -892,7 +1017,19 @@ async fn handle(
         &body,
     )
     .await;
+    let (verb, resource) = match parse_path(&path) {
+        Some(r) => (
+            verb(&method, &r, &query),
+            match &r.sub {
+                Some(sub) => format!("{}/{sub}", r.rt.plural),
+                None => r.rt.plural.to_string(),
+            },
+        ),
+        None => ("unknown", String::new()),
+    };
     lock(&state.log).push(LoggedRequest {
+        verb,
+        resource,
         method: method.to_string(),
         path,
         query,
@@ -1102,17 +1239,42 @@ fn authorize(
             }
         }
         "secrets" | "configmaps" => {
+            // A list or watch narrowed to one name by `fieldSelector=metadata.name=<name>` is
+            // authorized as a read of that object, as the apiserver's request info does: the
+            // kubelet's watch-based ConfigMap and Secret managers rely on it.
+            let by_selector = query
+                .get("fieldSelector")
+                .and_then(|f| f.strip_prefix("metadata.name="))
+                .filter(|n| !n.is_empty() && !n.contains(','));
+            let named;
+            let route = match (&route.name, by_selector) {
+                (None, Some(n)) if matches!(v, "list" | "watch") => {
+                    named = Route {
+                        rt: route.rt,
+                        namespace: route.namespace.clone(),
+                        name: Some(n.to_string()),
+                        sub: None,
+                    };
+                    &named
+                }
+                _ => route,
+            };
             let Some(name) = &route.name else {
                 return Some(forbidden(user, v, route, ": No Object name found"));
             };
             let ns = route.namespace.clone().unwrap_or_default();
+            let lag = Duration::from_millis(state.authorizer_lag_ms.load(Ordering::SeqCst));
             let db = lock(&state.db);
-            let related = v == "get"
+            let related = matches!(v, "get" | "list" | "watch")
                 && db.objects.iter().any(|((plural, pns, _), p)| {
                     plural == "pods"
                         && *pns == ns
                         && p.pointer("/spec/nodeName").and_then(Value::as_str) == Some(node)
                         && pod_references(p, rt.plural, name)
+                        && p.pointer("/metadata/uid")
+                            .and_then(Value::as_str)
+                            .and_then(|u| db.bound_at.get(u))
+                            .is_none_or(|at| at.elapsed() >= lag)
                 });
             if !related {
                 return Some(forbidden(
@@ -1703,6 +1865,21 @@ fn patch(
     let Some(cur) = db.objects.get(&key).cloned() else {
         return not_found(rt, name);
     };
+    // metadata.uid in a patch must be the object's: a report meant for an earlier pod of the
+    // same name is refused (fixture `pod_status_patch_stale_uid`).
+    if let Some(uid) = p.pointer("/metadata/uid").and_then(Value::as_str) {
+        if Some(uid) != cur.pointer("/metadata/uid").and_then(Value::as_str) {
+            let msg = format!("Invalid value: \"{uid}\": field is immutable");
+            let cause =
+                json!({"reason": "FieldValueInvalid", "message": msg, "field": "metadata.uid"});
+            return status(
+                422,
+                "Invalid",
+                &format!("{} \"{name}\" is invalid: metadata.uid: {msg}", rt.kind),
+                Some(json!({"name": name, "kind": rt.kind, "causes": [cause.clone(), cause]})),
+            );
+        }
+    }
     let mut next = cur.clone();
     let p = if status_only {
         json!({"status": p.get("status").cloned().unwrap_or(json!({}))})
@@ -1735,6 +1912,12 @@ fn patch(
                 &format!("Pod \"{name}\" is invalid: spec: Forbidden: pod updates may not change fields other than `spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)"),
                 Some(json!({"name": name, "kind": "Pod"})),
             );
+        }
+    }
+    if rt.plural == "pods" {
+        pod_status_defaults(&mut next);
+        if let Some(invalid) = invalid_pod_ips(name, &next) {
+            return invalid;
         }
     }
     if next == cur {

@@ -1,6 +1,7 @@
 //! JSON merge patch (RFC 7386) and the subset of strategic merge patch the fake apiserver
 //! needs: lists with a known merge key are merged item by item, `$patch: delete` removes an
-//! item, `$patch: replace` replaces a map; any other list is replaced whole.
+//! item, `$patch: replace` replaces a map, `$setElementOrder/<list>` orders a merged list;
+//! any other list (an `+listType=atomic` one such as `containerStatuses`) is replaced whole.
 
 use serde_json::{Map, Value};
 
@@ -9,14 +10,9 @@ use serde_json::{Map, Value};
 fn merge_key(field: &str) -> Option<&'static str> {
     Some(match field {
         "conditions" | "addresses" => "type",
-        "containers"
-        | "initContainers"
-        | "containerStatuses"
-        | "initContainerStatuses"
-        | "ephemeralContainerStatuses"
-        | "env"
-        | "volumes"
-        | "volumeMounts" => "name",
+        // containerStatuses and initContainerStatuses are `+listType=atomic` without a patch
+        // strategy in the real API: a patch replaces them whole.
+        "containers" | "initContainers" | "env" | "volumes" | "volumeMounts" => "name",
         "ports" => "containerPort",
         "podIPs" | "hostIPs" => "ip",
         _ => return None,
@@ -75,8 +71,12 @@ pub fn strategic_merge_patch(target: &mut Value, patch: &Value) {
                 if !entry.is_array() {
                     *entry = Value::Array(vec![]);
                 }
+                let order = p
+                    .get(&format!("$setElementOrder/{k}"))
+                    .and_then(Value::as_array)
+                    .map(Vec::as_slice);
                 if let Value::Array(cur) = entry {
-                    merge_list(cur, items, key);
+                    merge_list(cur, items, key, order);
                 }
             }
             _ => strategic_merge_patch(t.entry(k.clone()).or_insert(Value::Null), v),
@@ -84,7 +84,12 @@ pub fn strategic_merge_patch(target: &mut Value, patch: &Value) {
     }
 }
 
-fn merge_list(cur: &mut Vec<Value>, items: &[Value], key: &str) {
+/// Merges `items` into `cur` by `key`, then orders the result as the apiserver does: the
+/// patch's items in the patch's order (or `$setElementOrder`'s), interleaved with the items
+/// only the server has, in their old order. An item the server did not have comes before the
+/// server-only items it meets, which is why a new pod IP lands in front of the old one.
+fn merge_list(cur: &mut Vec<Value>, items: &[Value], key: &str, order: Option<&[Value]>) {
+    let original = cur.clone();
     for item in items {
         let Some(id) = item.get(key).cloned() else {
             cur.push(item.clone());
@@ -104,6 +109,39 @@ fn merge_list(cur: &mut Vec<Value>, items: &[Value], key: &str) {
                 cur.push(v);
             }
         }
+    }
+    let id = |v: &Value| v.get(key).cloned();
+    let patch_order: Vec<Value> = match order {
+        Some(o) => o.iter().filter_map(id).collect(),
+        None => items
+            .iter()
+            .filter(|i| i.get("$patch").and_then(Value::as_str) != Some("delete"))
+            .filter_map(id)
+            .collect(),
+    };
+    let index_in =
+        |list: &[Value], v: &Value| id(v).and_then(|k| list.iter().position(|x| *x == k));
+    let original_ids: Vec<Value> = original.iter().filter_map(id).collect();
+    let (mut from_patch, server_only): (Vec<Value>, Vec<Value>) = std::mem::take(cur)
+        .into_iter()
+        .partition(|v| items.iter().any(|i| id(i).is_some() && id(i) == id(v)));
+    from_patch.sort_by_key(|v| index_in(&patch_order, v).unwrap_or(usize::MAX));
+    let (mut l, mut r) = (
+        server_only.into_iter().peekable(),
+        from_patch.into_iter().peekable(),
+    );
+    loop {
+        let take_left = match (l.peek(), r.peek()) {
+            (None, None) => break,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (Some(a), Some(b)) => matches!(
+                (index_in(&original_ids, a), index_in(&original_ids, b)),
+                (Some(x), Some(y)) if x < y
+            ),
+        };
+        let next = if take_left { l.next() } else { r.next() };
+        cur.extend(next);
     }
 }
 
@@ -143,5 +181,29 @@ mod tests {
             &json!({"status": {"conditions": [{"type": "Ready", "$patch": "delete"}]}}),
         );
         assert_eq!(t["status"]["conditions"].as_array().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn a_new_list_item_goes_in_front_of_the_servers_as_the_apiserver_does() {
+        let mut t = json!({"podIPs": [{"ip": "10.0.0.3"}]});
+        strategic_merge_patch(&mut t, &json!({"podIPs": [{"ip": "10.0.0.4"}]}));
+        assert_eq!(t["podIPs"], json!([{"ip": "10.0.0.4"}, {"ip": "10.0.0.3"}]));
+    }
+
+    #[test]
+    fn strategic_deletes_and_orders_ips_and_replaces_container_statuses() {
+        let mut t = json!({"status": {"podIPs": [{"ip": "10.0.0.3"}],
+            "containerStatuses": [{"name": "a", "ready": true}, {"name": "b", "ready": true}]}});
+        strategic_merge_patch(
+            &mut t,
+            &json!({"status": {"$setElementOrder/podIPs": [{"ip": "10.0.0.4"}],
+                "podIPs": [{"ip": "10.0.0.4"}, {"ip": "10.0.0.3", "$patch": "delete"}],
+                "containerStatuses": [{"name": "b", "ready": false}]}}),
+        );
+        assert_eq!(t["status"]["podIPs"], json!([{"ip": "10.0.0.4"}]));
+        assert_eq!(
+            t["status"]["containerStatuses"],
+            json!([{"name": "b", "ready": false}])
+        );
     }
 }
