@@ -16,6 +16,7 @@
 //! - [`names`]: DNS-1123 name rules.
 
 pub mod api;
+pub mod backoff;
 pub mod config;
 pub mod cri;
 pub mod kube;
@@ -26,7 +27,6 @@ pub mod node;
 pub mod notify;
 pub mod object;
 pub mod podspec;
-pub mod probe;
 pub mod revision;
 pub mod runtime;
 pub mod sources;

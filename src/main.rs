@@ -192,7 +192,12 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
         edgehub::sources::fetch::Fetcher::new(client.clone(), store.clone())
             .run(shutdown_rx.clone()),
     );
-    let mut sync = edgehub::sync::Sync::prepare(&config, client, store.clone());
+    let mut sync = edgehub::sync::Sync::prepare(&config, client.clone(), store.clone());
+    // What the runtime reports (pod statuses, Events), delivered in a task of its own.
+    let report_task = tokio::spawn(
+        runtime::report::Reporter::new(client, store.clone())
+            .run(Some(sync.link.clone()), shutdown_rx.clone()),
+    );
     let state = Arc::new(api::ApiState {
         store: store.clone(),
         link: sync.link.clone(),
@@ -226,6 +231,7 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
     let _ = node_task.await;
     let _ = runtime_task.await;
     let _ = sources_task.await;
+    let _ = report_task.await;
     sync.join().await;
     tracing::info!("stopped");
     Ok(())

@@ -5,7 +5,7 @@
 //! other pods instead of running something different from what was asked.
 
 use crate::cri::{api, labels};
-use crate::probe::{ProbeAction, ProbeSpec};
+use crate::runtime::probes::{ProbeAction, ProbeSpec};
 use crate::sources::{self, Data, Lookup, RegistryAuth, Sources};
 use serde_json::Value;
 use std::collections::HashMap;
@@ -100,11 +100,14 @@ pub enum VolumePlan {
         name: String,
         path: PathBuf,
         files: Vec<VolumeFile>,
+        /// Kept in memory (a tmpfs), never on flash: Secret, projected (tokens) and
+        /// downwardAPI volumes, as the kubelet keeps them.
+        memory: bool,
     },
 }
 
 /// One file of a [`VolumePlan::Files`] volume.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct VolumeFile {
     /// Relative, without `..` (checked).
     pub path: String,
@@ -281,7 +284,12 @@ pub fn translate(pod: &Value, ctx: &PodContext) -> Result<PodPlan, PlanError> {
         log_directory: ctx.log_dir.display().to_string(),
         port_mappings: pod_ports,
         labels: sandbox_labels.clone(),
-        annotations: HashMap::new(),
+        // As the kubelet does: a sandbox whose pod left the cache is stopped with the grace
+        // period its pod asked for.
+        annotations: HashMap::from([(
+            labels::GRACE_PERIOD.to_string(),
+            grace_period_secs.to_string(),
+        )]),
         linux: Some(api::LinuxPodSandboxConfig {
             security_context: Some(api::LinuxSandboxSecurityContext {
                 namespace_options: Some(api::NamespaceOption {
@@ -394,6 +402,7 @@ fn volumes(pod: &Value, spec: &Value, ctx: &PodContext) -> Result<Vec<VolumePlan
             path: ctx.volume_dir.join(kind).join(&name),
             name: name.clone(),
             files,
+            memory: kind != "configmap",
         };
         if let Some(hp) = v.get("hostPath") {
             let path = s(hp, "/path");

@@ -16,6 +16,7 @@
 //! - unchanged objects and bookmarks write nothing; the cursor travels with real changes, and
 //!   bookmark-only progress is checkpointed at most every `cursor_checkpoint`.
 
+pub use crate::backoff::Backoff;
 use crate::config::{Config, SyncConfig};
 use crate::kube::resource::{CONTROLLER_REVISIONS, DAEMONSETS, NODES, PODS};
 use crate::kube::{ApiClient, KubeError, ListParams, Resource, WatchEvent};
@@ -122,19 +123,31 @@ impl ReflectorSpec {
     }
 }
 
+/// The reflector of the pods bound to this node.
+fn pods_spec(node_name: &str) -> ReflectorSpec {
+    ReflectorSpec {
+        resource: PODS,
+        kind: Kind::Pod,
+        namespace: None,
+        params: ListParams {
+            field_selector: Some(format!("spec.nodeName={node_name}")),
+            label_selector: None,
+        },
+        daemonset_owned_only: false,
+    }
+}
+
+/// The cursor of this node's pod list. Its presence in the store is the kubelet's "sources
+/// ready": a list of the node's pods has completed since the cache was created, so the cache
+/// may be trusted to say which pods should *not* run.
+pub fn pods_cursor_key(node_name: &str) -> String {
+    pods_spec(node_name).key()
+}
+
 /// The reflectors a node runs. Pure, so the selection is unit-tested.
 pub fn plan(node_name: &str, sync: &SyncConfig) -> Vec<ReflectorSpec> {
     let mut specs = vec![
-        ReflectorSpec {
-            resource: PODS,
-            kind: Kind::Pod,
-            namespace: None,
-            params: ListParams {
-                field_selector: Some(format!("spec.nodeName={node_name}")),
-                label_selector: None,
-            },
-            daemonset_owned_only: false,
-        },
+        pods_spec(node_name),
         ReflectorSpec {
             resource: NODES,
             kind: Kind::Node,
@@ -166,44 +179,6 @@ pub fn plan(node_name: &str, sync: &SyncConfig) -> Vec<ReflectorSpec> {
         }
     }
     specs
-}
-
-/// Exponential backoff with full jitter: the n-th wait is uniform in
-/// `[0, min(max, initial * 2^n)]`, so a fleet of devices that lost the link together does not
-/// come back in lockstep.
-#[derive(Debug, Clone)]
-pub struct Backoff {
-    initial: Duration,
-    max: Duration,
-    attempt: u32,
-}
-
-impl Backoff {
-    pub fn new(initial: Duration, max: Duration) -> Backoff {
-        Backoff {
-            initial,
-            max,
-            attempt: 0,
-        }
-    }
-
-    /// The ceiling of the next wait (before jitter).
-    pub fn ceiling(&self) -> Duration {
-        let factor = 1u32.checked_shl(self.attempt.min(20)).unwrap_or(u32::MAX);
-        self.initial.saturating_mul(factor).min(self.max)
-    }
-
-    /// The next wait, jittered, and advance.
-    pub fn next_delay(&mut self) -> Duration {
-        let ceiling = self.ceiling();
-        self.attempt = self.attempt.saturating_add(1);
-        let ms = ceiling.as_millis().min(u64::MAX as u128) as u64;
-        Duration::from_millis(fastrand::u64(0..=ms))
-    }
-
-    pub fn reset(&mut self) {
-        self.attempt = 0;
-    }
 }
 
 /// The wait after an error: Retry-After when the server asked for one (capped), else backoff.

@@ -50,7 +50,15 @@ pub fn prepare(plan: &PodPlan, ctx: &PodContext) -> Result<usize, Unsupported> {
             VolumePlan::EmptyDir { name, path } => mkdir(path, 0o777)
                 .map_err(|e| fail(name, format!("cannot create {}: {e}", path.display())))?,
             VolumePlan::HostPath { name, path, kind } => check_host_path(name, path, kind)?,
-            VolumePlan::Files { name, path, files } => {
+            VolumePlan::Files {
+                name,
+                path,
+                files,
+                memory,
+            } => {
+                if *memory {
+                    in_memory(path);
+                }
                 if write_files(path, files)
                     .map_err(|e| fail(name, format!("cannot write {}: {e}", path.display())))?
                 {
@@ -67,7 +75,16 @@ pub fn prepare(plan: &PodPlan, ctx: &PodContext) -> Result<usize, Unsupported> {
 pub fn refresh_files(plan: &PodPlan) -> Result<usize, Unsupported> {
     let mut changed = 0;
     for v in &plan.volumes {
-        if let VolumePlan::Files { name, path, files } = v {
+        if let VolumePlan::Files {
+            name,
+            path,
+            files,
+            memory,
+        } = v
+        {
+            if *memory {
+                in_memory(path);
+            }
             if write_files(path, files)
                 .map_err(|e| fail(name, format!("cannot write {}: {e}", path.display())))?
             {
@@ -76,6 +93,102 @@ pub fn refresh_files(plan: &PodPlan) -> Result<usize, Unsupported> {
         }
     }
     Ok(changed)
+}
+
+/// Puts a volume's directory on its own tmpfs, as the kubelet does for Secret, projected and
+/// downwardAPI volumes, so secrets and tokens never reach flash. Where a tmpfs cannot be
+/// mounted (no CAP_SYS_ADMIN, a read-only /proc), the files go to disk and a warning says so.
+fn in_memory(path: &Path) {
+    if let Err(e) = mkdir(path, 0o755) {
+        tracing::warn!(dir = %path.display(), error = %e, "cannot create the volume directory");
+        return;
+    }
+    if is_mount_point(path) {
+        return;
+    }
+    match mount_tmpfs(path) {
+        Ok(()) => tracing::debug!(dir = %path.display(), "volume on tmpfs"),
+        Err(e) => tracing::warn!(dir = %path.display(), error = %e,
+            "cannot mount a tmpfs for this volume; its files (Secrets, tokens) are written to disk"),
+    }
+}
+
+/// Whether `path` is the root of a mount (its device differs from its parent's).
+pub fn is_mount_point(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(me), Some(Ok(parent))) = (
+        std::fs::metadata(path),
+        path.parent().map(std::fs::metadata),
+    ) else {
+        return false;
+    };
+    me.dev() != parent.dev()
+}
+
+fn cstr(p: &Path) -> std::io::Result<std::ffi::CString> {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "path has a NUL byte"))
+}
+
+fn mount_tmpfs(path: &Path) -> std::io::Result<()> {
+    let target = cstr(path)?;
+    let fstype = c"tmpfs";
+    let data = c"mode=0755";
+    // SAFETY: every pointer is a valid NUL-terminated string that outlives the call.
+    let rc = unsafe {
+        libc::mount(
+            fstype.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            data.as_ptr().cast(),
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Mount points at or under `dir`, deepest first, from /proc/self/mountinfo.
+fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    let unescape = |s: &str| {
+        s.replace("\\040", " ")
+            .replace("\\011", "\t")
+            .replace("\\012", "\n")
+            .replace("\\134", "\\")
+    };
+    let mut out: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|m| PathBuf::from(unescape(m)))
+        .filter(|m| m.starts_with(dir))
+        .collect();
+    out.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
+    out.dedup();
+    out
+}
+
+/// Removes a pod's directory: its tmpfs volumes are unmounted first (a recursive delete would
+/// otherwise stop at them, or empty a mount another process still sees).
+pub fn remove_pod_dir(dir: &Path) -> std::io::Result<()> {
+    for m in mounts_under(dir) {
+        let target = cstr(&m)?;
+        // SAFETY: a valid NUL-terminated path that outlives the call.
+        let rc = unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+        if rc != 0 {
+            let e = std::io::Error::last_os_error();
+            tracing::warn!(dir = %m.display(), error = %e, "cannot unmount a volume");
+        }
+    }
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
 }
 
 fn check_host_path(name: &str, path: &Path, kind: &str) -> Result<(), Unsupported> {

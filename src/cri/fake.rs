@@ -101,6 +101,7 @@ impl CriRuntime for FakeCri {
                 state: api::PodSandboxState::SandboxReady as i32,
                 created_at: 1,
                 labels: config.labels,
+                annotations: config.annotations,
                 ..Default::default()
             },
         );
@@ -173,6 +174,7 @@ impl CriRuntime for FakeCri {
                 image: config.image,
                 state: api::ContainerState::ContainerCreated as i32,
                 labels: config.labels,
+                annotations: config.annotations,
                 ..Default::default()
             },
         );

@@ -3,7 +3,7 @@
 //! Node's Ready condition say why.
 
 use super::{CriError, CriRuntime};
-use crate::sync::Backoff;
+use crate::backoff::Backoff;
 use std::time::Duration;
 use tokio::sync::watch;
 

@@ -33,6 +33,8 @@ pub mod labels {
     pub const NODE: &str = "edgehub.io/node";
     pub const REVISION_HASH: &str = "edgehub.io/revision-hash";
     pub const UPGRADE_ID: &str = "edgehub.io/upgrade-id";
+    /// A sandbox annotation (the kubelet's key): the pod's termination grace period.
+    pub const GRACE_PERIOD: &str = "io.kubernetes.pod.terminationGracePeriod";
 }
 
 #[derive(Debug, Clone, thiserror::Error)]

@@ -107,6 +107,10 @@ fn status_message(request: &Request, s: &Status, node: &str) -> String {
         401 => format!(
             "{head} (the apiserver rejected edgehub's credentials: check the token, token file or client certificate in the kubeconfig)"
         ),
+        403 if is_authorizer_lag(s) => format!(
+            "{head} (the Node authorizer links a pod's ConfigMaps, Secrets and service account to node {node} \
+             moments after the pod is bound; edgehub retries)"
+        ),
         403 => format!(
             "{head} (edgehub runs as user system:node:{node} in group system:nodes and needs permission to {} {}; \
              apply deploy/rbac.yaml, which grants get/list/watch on daemonsets and controllerrevisions to system:nodes, \
@@ -117,7 +121,26 @@ fn status_message(request: &Request, s: &Status, node: &str) -> String {
     }
 }
 
+/// The Node authorizer's 403 for an object no pod bound to this node references yet: right
+/// after a pod is bound it is the authorizer's graph catching up, not missing RBAC (fixture
+/// `configmap_get_unreferenced_forbidden`).
+fn is_authorizer_lag(s: &Status) -> bool {
+    s.code == 403 && s.message.contains("no relationship found between node")
+}
+
 impl KubeError {
+    /// A 403 from the Node authorizer's graph lag; worth a quick, quiet retry.
+    pub fn is_authorizer_lag(&self) -> bool {
+        matches!(self, KubeError::Status { status, .. } if is_authorizer_lag(status))
+    }
+
+    /// A 422 refusing a write because its `metadata.uid` is not the object's: the object was
+    /// replaced by another of the same name (fixture `pod_status_patch_stale_uid`).
+    pub fn is_stale_uid(&self) -> bool {
+        matches!(self, KubeError::Status { status, .. }
+            if status.code == 422 && status.message.contains("metadata.uid"))
+    }
+
     /// The HTTP code of an apiserver answer, if this is one.
     pub fn code(&self) -> Option<u16> {
         match self {

@@ -10,16 +10,16 @@
 //! [`OpenMode::ResetCache`] moves it aside.
 
 mod objects;
+mod reports;
 mod requests;
 mod schema;
 mod sources;
 
 pub use objects::{ApplyStats, Change, StoredObject};
-pub use requests::{
-    NewRequest, QueuedStatus, Recorded, RequestKind, RequestRecord, TERMINAL_STATES,
-};
+pub use reports::{QueuedEvent, QueuedStatus};
+pub use requests::{NewRequest, Recorded, RequestKind, RequestRecord, TERMINAL_STATES};
 pub use schema::{APPLICATION_ID, LATEST as SCHEMA_VERSION};
-pub use sources::{CachedSource, CachedToken, QueuedEvent};
+pub use sources::{CachedSource, CachedToken};
 
 use rusqlite::{Connection, OpenFlags};
 use std::fs::{File, OpenOptions};
@@ -82,6 +82,8 @@ pub struct Store {
     /// Bumped after every write that changed an object, so readers (the pod runtime) react
     /// to changes without polling the database.
     changes: tokio::sync::watch::Sender<u64>,
+    /// Bumped when a report (status or Event) is queued, to wake the report sender.
+    reports: tokio::sync::watch::Sender<u64>,
 }
 
 impl std::fmt::Debug for Store {
@@ -136,12 +138,22 @@ impl Store {
             path: path.to_path_buf(),
             _lock: lock,
             changes: tokio::sync::watch::channel(0).0,
+            reports: tokio::sync::watch::channel(0).0,
         }
     }
 
     /// A receiver that changes whenever cached objects (or what pods reference) change.
     pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
         self.changes.subscribe()
+    }
+
+    /// A receiver that changes whenever a report is queued.
+    pub fn subscribe_reports(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.reports.subscribe()
+    }
+
+    fn report_queued(&self) {
+        self.reports.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     fn changed(&self, stats: &ApplyStats) {
@@ -197,6 +209,16 @@ impl Store {
         let stats = objects::apply(&mut self.conn(), kind, changes, cursor)?;
         self.changed(&stats);
         Ok(stats)
+    }
+
+    /// Stores the object the apiserver answered one of edgehub's writes with, if it is newer
+    /// than the cached copy of the same object (see [`objects::put_if_newer`]).
+    pub fn put_if_newer(&self, obj: &StoredObject) -> Result<bool, StoreError> {
+        let wrote = objects::put_if_newer(&self.conn(), obj)?;
+        if wrote {
+            self.notify();
+        }
+        Ok(wrote)
     }
 
     /// Replaces every object of `kind` (in `namespace`, or all of them) with `items` in one
@@ -277,19 +299,24 @@ impl Store {
 
     /// Queues a pod status patch (replacing an older one for the same pod). Returns whether
     /// anything was written: an unchanged status costs no write.
+    /// Queues the status edgehub wants a pod to have; returns whether it was written.
     pub fn queue_status(&self, q: &QueuedStatus) -> Result<bool, StoreError> {
-        requests::queue_status(&self.conn(), q)
+        let wrote = reports::queue_status(&self.conn(), q, crate::time::now_ms())?;
+        if wrote {
+            self.report_queued();
+        }
+        Ok(wrote)
     }
 
     pub fn queued_statuses(&self) -> Result<Vec<QueuedStatus>, StoreError> {
-        requests::queued_statuses(&self.conn())
+        reports::queued_statuses(&self.conn())
     }
 
-    pub fn status_sent(&self, pod_uid: &str, patch: &str) -> Result<(), StoreError> {
-        requests::status_sent(&self.conn(), pod_uid, patch)
+    /// Takes a pod's status off the queue: `Some(status)` only if it is still that one.
+    pub fn unqueue_status(&self, pod_uid: &str, status: Option<&str>) -> Result<(), StoreError> {
+        reports::unqueue_status(&self.conn(), pod_uid, status)
     }
 
-    /// Stores a fetched ConfigMap or Secret; subscribers hear of a change.
     pub fn put_source(&self, s: &CachedSource) -> Result<bool, StoreError> {
         let changed = sources::put_source(&self.conn(), s)?;
         if changed {
@@ -336,16 +363,20 @@ impl Store {
         sources::retain_tokens(&self.conn(), keep)
     }
 
+    /// Queues a Warning Event; the same key again counts one more occurrence.
     pub fn queue_event(&self, e: &QueuedEvent, now_ms: i64) -> Result<(), StoreError> {
-        sources::queue_event(&self.conn(), e, now_ms)
+        reports::queue_event(&self.conn(), e, now_ms)?;
+        self.report_queued();
+        Ok(())
     }
 
     pub fn queued_events(&self) -> Result<Vec<QueuedEvent>, StoreError> {
-        sources::queued_events(&self.conn())
+        reports::queued_events(&self.conn())
     }
 
-    pub fn event_sent(&self, key: &str) -> Result<(), StoreError> {
-        sources::event_sent(&self.conn(), key)
+    /// Takes `delivered` occurrences of an Event off the queue.
+    pub fn event_sent(&self, key: &str, delivered: i64) -> Result<(), StoreError> {
+        reports::event_sent(&self.conn(), key, delivered)
     }
 
     pub fn count(&self, kind: crate::object::Kind) -> Result<u64, StoreError> {

@@ -208,6 +208,38 @@ fn current(
     .optional()
 }
 
+/// Whether resourceVersion `a` is newer than `b`. Resource versions are etcd revisions, and
+/// Kubernetes made them comparable as integers (KEP-5504); one that is not an integer is never
+/// taken as newer, so a foreign server can only make edgehub wait for its watch.
+pub fn rv_newer(a: &str, b: &str) -> bool {
+    match (a.parse::<u64>(), b.parse::<u64>()) {
+        (Ok(a), Ok(b)) => a > b,
+        _ => false,
+    }
+}
+
+/// Stores `obj` (an answer to edgehub's own write) if the cached copy is the same object at an
+/// older resourceVersion. Returns whether it was written. A watch event for the same version
+/// arriving later is then a no-op, and one for a newer version still wins.
+pub fn put_if_newer(conn: &Connection, obj: &StoredObject) -> Result<bool, StoreError> {
+    let ix = &obj.index;
+    let cur: Option<(String, String)> = conn
+        .prepare_cached(
+            "SELECT uid, resource_version FROM objects WHERE kind = ?1 AND namespace = ?2 AND name = ?3",
+        )?
+        .query_row(params![ix.kind.as_str(), ix.namespace, ix.name], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .optional()?;
+    match cur {
+        Some((uid, rv)) if uid == ix.uid && rv_newer(&ix.resource_version, &rv) => {
+            upsert(conn, obj)?;
+            Ok(true)
+        }
+        _ => Ok(false),
+    }
+}
+
 fn upsert(conn: &Connection, obj: &StoredObject) -> rusqlite::Result<()> {
     let ix = &obj.index;
     conn.prepare_cached(

@@ -87,6 +87,13 @@ const MIGRATIONS: &[&str] = &[
         body       TEXT NOT NULL,
         queued_ms  INTEGER NOT NULL
     ) WITHOUT ROWID;",
+    // 4 -> 5: a queued status is the status edgehub wants (the patch is computed against what
+    // the apiserver holds when it is sent, so it can delete an old pod IP); old rows held
+    // patches and are dropped (the runtime queues the current status again). Events count
+    // their occurrences, for the kubelet's event series.
+    "DELETE FROM status_queue;
+    ALTER TABLE status_queue RENAME COLUMN patch TO status;
+    ALTER TABLE event_queue ADD COLUMN occurrences INTEGER NOT NULL DEFAULT 1;",
 ];
 
 /// The schema version this binary writes.

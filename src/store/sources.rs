@@ -26,14 +26,6 @@ pub struct CachedToken {
     pub expires_ms: i64,
 }
 
-/// An Event waiting for the link; `key` makes a re-queue replace, not duplicate.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QueuedEvent {
-    pub key: String,
-    pub namespace: String,
-    pub body: String,
-}
-
 /// Stores a fetch result; returns whether anything changed. An unchanged object is not
 /// rewritten at all (flash wear): how fresh it is lives in the fetcher's memory.
 pub fn put_source(conn: &Connection, s: &CachedSource) -> Result<bool, StoreError> {
@@ -144,33 +136,4 @@ pub fn retain_tokens(conn: &Connection, keep: &[&str]) -> Result<usize, StoreErr
             .execute(params![uid])?;
     }
     Ok(n)
-}
-
-/// Queues an Event; an Event with the same key is replaced.
-pub fn queue_event(conn: &Connection, e: &QueuedEvent, now_ms: i64) -> Result<(), StoreError> {
-    conn.prepare_cached(
-        "INSERT INTO event_queue (key, namespace, body, queued_ms) VALUES (?1, ?2, ?3, ?4)
-         ON CONFLICT (key) DO UPDATE SET body = excluded.body WHERE body != excluded.body",
-    )?
-    .execute(params![e.key, e.namespace, e.body, now_ms])?;
-    Ok(())
-}
-
-pub fn queued_events(conn: &Connection) -> Result<Vec<QueuedEvent>, StoreError> {
-    let mut stmt =
-        conn.prepare_cached("SELECT key, namespace, body FROM event_queue ORDER BY queued_ms")?;
-    let rows = stmt.query_map([], |r| {
-        Ok(QueuedEvent {
-            key: r.get(0)?,
-            namespace: r.get(1)?,
-            body: r.get(2)?,
-        })
-    })?;
-    Ok(rows.collect::<Result<_, _>>()?)
-}
-
-pub fn event_sent(conn: &Connection, key: &str) -> Result<(), StoreError> {
-    conn.prepare_cached("DELETE FROM event_queue WHERE key = ?1")?
-        .execute(params![key])?;
-    Ok(())
 }

@@ -3,11 +3,134 @@
 //! failure thresholds.
 //!
 //! [`ProbeState::record`] is the pure part (thresholds, verdicts); [`run`] does the I/O. The
-//! reconciler owns one state per container and probe, and drops it when the container is
-//! replaced, so a new container starts over: not ready, with a fresh initial delay.
+//! runtime owns one [`ContainerProbes`] per container, and [`track`] replaces it when the
+//! container is replaced, so a new container starts over: not ready, with a fresh initial
+//! delay.
 
-use crate::cri::CriRuntime;
+use super::decide::DesiredPod;
+use super::observe::Snapshot;
+use crate::cri::{api, CriRuntime};
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
+
+/// Which probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ProbeKind {
+    Liveness,
+    Readiness,
+}
+
+/// The probes of one running container; replaced when the container is.
+#[derive(Debug, Clone)]
+pub struct ContainerProbes {
+    /// The container these states belong to.
+    pub id: String,
+    pub liveness: Option<(ProbeSpec, ProbeState)>,
+    pub readiness: Option<(ProbeSpec, ProbeState)>,
+}
+
+impl ContainerProbes {
+    fn slot(&mut self, kind: ProbeKind) -> Option<&mut (ProbeSpec, ProbeState)> {
+        match kind {
+            ProbeKind::Liveness => self.liveness.as_mut(),
+            ProbeKind::Readiness => self.readiness.as_mut(),
+        }
+    }
+
+    /// The probes due at `now`.
+    pub fn due(&self, now: Instant) -> Vec<(ProbeKind, &ProbeSpec)> {
+        [
+            (ProbeKind::Readiness, &self.readiness),
+            (ProbeKind::Liveness, &self.liveness),
+        ]
+        .into_iter()
+        .filter_map(|(k, p)| p.as_ref().map(|(sp, st)| (k, sp, st)))
+        .filter(|(_, sp, st)| st.due_at(sp) <= now)
+        .map(|(k, sp, _)| (k, sp))
+        .collect()
+    }
+
+    /// When the next probe is due.
+    pub fn next_due(&self) -> Option<Instant> {
+        [&self.liveness, &self.readiness]
+            .into_iter()
+            .flatten()
+            .map(|(sp, st)| st.due_at(sp))
+            .min()
+    }
+
+    /// Why the liveness probe failed, once its failure threshold is reached.
+    pub fn liveness_failed(&self) -> Option<String> {
+        let (_, st) = self.liveness.as_ref()?;
+        (st.verdict == Some(false)).then(|| st.last_error.clone().unwrap_or_default())
+    }
+
+    /// Passing its readiness probe (true when it has none).
+    pub fn ready(&self) -> bool {
+        match &self.readiness {
+            None => true,
+            Some((_, st)) => st.verdict == Some(true),
+        }
+    }
+
+    /// Records a result; returns the verdict when it changed.
+    pub fn record(
+        &mut self,
+        kind: ProbeKind,
+        at: Instant,
+        outcome: Result<(), String>,
+    ) -> Option<bool> {
+        let (sp, st) = self.slot(kind)?;
+        let sp = sp.clone();
+        st.record(at, outcome, &sp)
+    }
+}
+
+/// Keeps one [`ContainerProbes`] per running, probed container of the desired pods: new
+/// containers get fresh states (counting their initial delay from `now`), replaced or stopped
+/// ones lose theirs.
+pub fn track(
+    probes: &mut HashMap<(String, String), ContainerProbes>,
+    desired: &[DesiredPod],
+    snapshot: &Snapshot,
+    now: Instant,
+) {
+    let mut live = HashSet::new();
+    for pod in desired {
+        let Some(Ok(plan)) = &pod.plan else {
+            continue;
+        };
+        let obs = snapshot.pod(pod.uid());
+        let Some(sb) = obs.ready_sandbox() else {
+            continue;
+        };
+        for cp in &plan.containers {
+            if cp.liveness.is_none() && cp.readiness.is_none() {
+                continue;
+            }
+            let Some(c) = obs
+                .latest(&sb.id, &cp.name)
+                .filter(|c| c.state == api::ContainerState::ContainerRunning as i32)
+            else {
+                continue;
+            };
+            let key = (pod.uid().to_string(), cp.name.clone());
+            live.insert(key.clone());
+            let fresh = probes.get(&key).is_none_or(|p| p.id != c.id);
+            if fresh {
+                probes.insert(
+                    key,
+                    ContainerProbes {
+                        id: c.id.clone(),
+                        liveness: cp.liveness.clone().map(|s| (s, ProbeState::new(now))),
+                        readiness: cp.readiness.clone().map(|s| (s, ProbeState::new(now))),
+                    },
+                );
+            }
+        }
+    }
+    probes.retain(|k, _| live.contains(k));
+}
 
 /// What a probe does.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,0 +1,496 @@
+//! The pod runtime's decision, pure: from the desired pods (the cache), one snapshot of the
+//! container runtime, what the runtime remembers (backoffs, probes, volumes written), the pods
+//! it must leave alone, and the time, to the list of [`Action`]s that close the gap.
+//!
+//! Nothing here does I/O, so every rule is unit-tested with plain values:
+//! - a pod without a ready sandbox is started (its old sandboxes removed first);
+//! - init containers run one at a time, each to success, before the app containers;
+//! - an exited container waits out its crash-loop backoff, then gets the next attempt; a
+//!   container that had run for [`BACKOFF_RESET_AFTER`] starts its backoff over;
+//! - a running container whose liveness probe failed is stopped (and then restarted);
+//! - a sandbox whose pod left the cache is stopped and removed, but only once the cache is
+//!   trusted (sources ready): an empty or half-built cache stops nothing;
+//! - a pod deleted in the cloud is stopped within its grace period, then finalized;
+//! - pods held by someone else (an action in flight, the upgrade engine) get nothing.
+
+use super::observe::{attempt_of, ContainerFacts, Snapshot};
+use super::probes::{ContainerProbes, ProbeKind};
+use crate::backoff::BackoffPolicy;
+use crate::cri::{api, labels};
+use crate::podspec::{ContainerPlan, PlanError, PodContext, PodPlan, RestartPolicy, VolumePlan};
+use crate::runtime::probes::ProbeSpec;
+use crate::store::StoredObject;
+use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
+use std::time::{Duration, Instant};
+
+/// A container that ran this long before it exited starts its crash-loop backoff over, as the
+/// kubelet's does.
+pub const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(600);
+
+/// A cached pod, read once per pass and translated for the runtime.
+#[derive(Debug, Clone)]
+pub struct DesiredPod {
+    pub obj: StoredObject,
+    /// `metadata.deletionGracePeriodSeconds`, else `spec.terminationGracePeriodSeconds`, else 30.
+    pub grace_secs: i64,
+    /// `None` when the pod is being deleted or its JSON cannot be read (it is still wanted as
+    /// it runs: an unreadable row must not stop a running pod).
+    pub plan: Option<Result<PodPlan, PlanError>>,
+    /// The context the plan was translated with, for a sandbox start that translates again
+    /// once the sandbox has its address.
+    pub ctx: Option<PodContext>,
+}
+
+impl DesiredPod {
+    pub fn uid(&self) -> &str {
+        &self.obj.index.uid
+    }
+}
+
+/// Crash-loop bookkeeping of one container (or, for refused pods, one pod).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Restarts {
+    pub count: u32,
+    pub next_allowed: Option<Instant>,
+    /// The exited container this wait is for: a new exit starts a new wait.
+    pub exited: Option<String>,
+}
+
+/// What the runtime remembers between passes.
+#[derive(Debug, Clone, Copy)]
+pub struct Memory<'a> {
+    /// By (pod uid, container name).
+    pub restarts: &'a HashMap<(String, String), Restarts>,
+    /// Pods the runtime or the host refused, by uid: retried after their backoff.
+    pub refused: &'a HashMap<String, Restarts>,
+    /// By (pod uid, container name).
+    pub probes: &'a HashMap<(String, String), ContainerProbes>,
+    /// The digest of each pod's file volumes as last written, by uid.
+    pub volumes: &'a HashMap<String, u64>,
+}
+
+/// Everything one decision looks at.
+#[derive(Debug, Clone, Copy)]
+pub struct Inputs<'a> {
+    pub desired: &'a [DesiredPod],
+    pub snapshot: &'a Snapshot,
+    pub memory: Memory<'a>,
+    /// Pods that get no action: one is in flight for them, or the upgrade engine owns them.
+    pub held: &'a HashSet<String>,
+    /// The pod list has completed since the cache was created: the cache may say what must
+    /// not run.
+    pub sources_ready: bool,
+    pub policy: BackoffPolicy,
+    pub now: Instant,
+}
+
+/// What to start a pod with: its sandbox, volumes and first containers.
+#[derive(Debug, Clone)]
+pub struct StartSpec {
+    pub raw: String,
+    pub ctx: PodContext,
+    pub plan: PodPlan,
+}
+
+/// One step for the runtime. Every action names its pod; the actions of one pod run in order,
+/// and different pods' actions run concurrently.
+#[derive(Debug, Clone)]
+pub enum Action {
+    /// Remove the pod's old sandboxes (with their containers), prepare its volumes, run a new
+    /// sandbox, then create and start its first containers.
+    StartPod {
+        uid: String,
+        remove_sandboxes: Vec<String>,
+        remove_containers: Vec<String>,
+        spec: Box<StartSpec>,
+    },
+    /// Rewrite the file volumes of a running pod (a renewed token, an edited ConfigMap).
+    RefreshVolumes {
+        uid: String,
+        plan: Box<PodPlan>,
+        digest: u64,
+    },
+    /// Create and start a container (pulling its image per policy), after removing the
+    /// attempt it replaces.
+    CreateContainer {
+        uid: String,
+        pod: String,
+        sandbox_id: String,
+        container: Box<ContainerPlan>,
+        sandbox_config: Box<api::PodSandboxConfig>,
+        attempt: u32,
+        replace: Option<String>,
+    },
+    /// Start a container that was created but not started (a crash between the two).
+    StartCreated { uid: String, container_id: String },
+    /// A container exited: remember its crash-loop wait (no runtime call).
+    WaitRestart {
+        uid: String,
+        container: String,
+        restarts: Restarts,
+    },
+    /// Stop a running container whose liveness probe failed.
+    StopContainer {
+        uid: String,
+        container: String,
+        container_id: String,
+        grace_secs: i64,
+        why: String,
+    },
+    Probe {
+        uid: String,
+        container: String,
+        container_id: String,
+        kind: ProbeKind,
+        spec: ProbeSpec,
+        /// Where httpGet and tcpSocket go when the probe names no host.
+        ip: String,
+    },
+    /// Stop and remove sandboxes and their containers.
+    KillPod {
+        uid: String,
+        sandboxes: Vec<String>,
+        containers: Vec<String>,
+        grace_secs: i64,
+    },
+    /// Finish a pod's deletion on the apiserver (grace 0, uid precondition).
+    Finalize {
+        uid: String,
+        namespace: String,
+        name: String,
+    },
+    /// Remove `<data_dir>/pods/<uid>` (Secrets, tokens, logs) of a pod that is gone.
+    RemovePodDir { uid: String },
+    /// The pod cannot run yet or at all: report why (no runtime call).
+    Blocked {
+        uid: String,
+        reason: &'static str,
+        message: String,
+        /// A Warning Event is worth it (not for a source that is merely on its way).
+        warn: bool,
+        error: PlanError,
+    },
+}
+
+impl Action {
+    pub fn uid(&self) -> &str {
+        match self {
+            Action::StartPod { uid, .. }
+            | Action::RefreshVolumes { uid, .. }
+            | Action::CreateContainer { uid, .. }
+            | Action::StartCreated { uid, .. }
+            | Action::WaitRestart { uid, .. }
+            | Action::StopContainer { uid, .. }
+            | Action::Probe { uid, .. }
+            | Action::KillPod { uid, .. }
+            | Action::Finalize { uid, .. }
+            | Action::RemovePodDir { uid }
+            | Action::Blocked { uid, .. } => uid,
+        }
+    }
+
+    /// Whether the action is carried out by a task (runtime or apiserver calls, disk), rather
+    /// than by updating the runtime's memory.
+    pub fn is_io(&self) -> bool {
+        !matches!(self, Action::WaitRestart { .. } | Action::Blocked { .. })
+    }
+}
+
+/// The containers a new sandbox starts with: the first init container, or every app container.
+pub fn first_containers(plan: &PodPlan) -> Vec<&ContainerPlan> {
+    match plan.init_containers.first() {
+        Some(ic) => vec![ic],
+        None => plan.containers.iter().collect(),
+    }
+}
+
+/// A digest of a plan's file volumes: when it changes, they are rewritten.
+pub fn volumes_digest(plan: &PodPlan) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for v in &plan.volumes {
+        if let VolumePlan::Files { path, files, .. } = v {
+            path.hash(&mut h);
+            files.hash(&mut h);
+        }
+    }
+    h.finish()
+}
+
+/// The whole decision.
+pub fn decide(inp: &Inputs<'_>) -> Vec<Action> {
+    let mut out = Vec::new();
+    for pod in inp.desired {
+        if inp.held.contains(pod.uid()) || pod.obj.index.deleting {
+            continue;
+        }
+        match &pod.plan {
+            None => {}
+            Some(Err(e)) => out.push(blocked(pod, e)),
+            Some(Ok(plan)) => decide_pod(inp, pod, plan, &mut out),
+        }
+    }
+    gone(inp, &mut out);
+    out
+}
+
+fn blocked(pod: &DesiredPod, e: &PlanError) -> Action {
+    let (reason, message, warn) = match e {
+        PlanError::Unsupported(u) => (
+            "UnsupportedField",
+            format!("edgehub cannot run this pod: {u}"),
+            true,
+        ),
+        PlanError::Missing(m) => (
+            m.reason,
+            format!("edgehub cannot start this pod yet: {m}"),
+            m.known_absent,
+        ),
+    };
+    Action::Blocked {
+        uid: pod.uid().to_string(),
+        reason,
+        message,
+        warn,
+        error: e.clone(),
+    }
+}
+
+fn waiting(r: Option<&Restarts>, now: Instant) -> bool {
+    r.and_then(|r| r.next_allowed).is_some_and(|t| now < t)
+}
+
+fn decide_pod(inp: &Inputs<'_>, pod: &DesiredPod, plan: &PodPlan, out: &mut Vec<Action>) {
+    let uid = pod.uid();
+    let obs = inp.snapshot.pod(uid);
+    let refused = waiting(inp.memory.refused.get(uid), inp.now);
+    let Some(sb) = obs.ready_sandbox() else {
+        if refused {
+            return;
+        }
+        let Some(ctx) = &pod.ctx else {
+            return;
+        };
+        let old: Vec<String> = obs.sandboxes().map(|s| s.id.clone()).collect();
+        out.push(Action::StartPod {
+            uid: uid.to_string(),
+            remove_containers: obs
+                .containers()
+                .filter(|c| old.contains(&c.pod_sandbox_id))
+                .map(|c| c.id.clone())
+                .collect(),
+            remove_sandboxes: old,
+            spec: Box::new(StartSpec {
+                raw: pod.obj.raw.clone(),
+                ctx: ctx.clone(),
+                plan: plan.clone(),
+            }),
+        });
+        return;
+    };
+    let digest = volumes_digest(plan);
+    if inp.memory.volumes.get(uid) != Some(&digest) {
+        out.push(Action::RefreshVolumes {
+            uid: uid.to_string(),
+            plan: Box::new(plan.clone()),
+            digest,
+        });
+    }
+    let create =
+        |c: &ContainerPlan, attempt: u32, replace: Option<String>| Action::CreateContainer {
+            uid: uid.to_string(),
+            pod: plan.name.clone(),
+            sandbox_id: sb.id.clone(),
+            container: Box::new(c.clone()),
+            sandbox_config: Box::new(plan.sandbox.clone()),
+            attempt,
+            replace,
+        };
+    let exited = |c: &api::Container| c.state == api::ContainerState::ContainerExited as i32;
+    let created = |c: &api::Container| c.state == api::ContainerState::ContainerCreated as i32;
+
+    // Init containers, one at a time, each to success.
+    for ic in &plan.init_containers {
+        match obs.latest(&sb.id, &ic.name) {
+            None => {
+                if !refused {
+                    out.push(create(ic, 0, None));
+                }
+                return;
+            }
+            Some(c) if exited(c) => {
+                let code = obs.facts(&c.id).map(|f| f.exit_code).unwrap_or(-1);
+                if code == 0 {
+                    continue;
+                }
+                if plan.restart_policy != RestartPolicy::Never {
+                    restart(inp, uid, ic, c, obs.facts(&c.id), refused, &create, out);
+                }
+                return;
+            }
+            Some(c) if created(c) => {
+                out.push(Action::StartCreated {
+                    uid: uid.to_string(),
+                    container_id: c.id.clone(),
+                });
+                return;
+            }
+            Some(_) => return,
+        }
+    }
+    for pc in &plan.containers {
+        match obs.latest(&sb.id, &pc.name) {
+            None => {
+                if !refused {
+                    out.push(create(pc, 0, None));
+                }
+            }
+            Some(c) if created(c) => out.push(Action::StartCreated {
+                uid: uid.to_string(),
+                container_id: c.id.clone(),
+            }),
+            Some(c) if exited(c) => {
+                let facts = obs.facts(&c.id);
+                let again = match plan.restart_policy {
+                    RestartPolicy::Always => true,
+                    RestartPolicy::OnFailure => facts.map(|f| f.exit_code).unwrap_or(-1) != 0,
+                    RestartPolicy::Never => false,
+                };
+                if again {
+                    restart(inp, uid, pc, c, facts, refused, &create, out);
+                }
+            }
+            Some(c) => {
+                let key = (uid.to_string(), pc.name.clone());
+                let Some(p) = inp.memory.probes.get(&key).filter(|p| p.id == c.id) else {
+                    continue;
+                };
+                if let Some(why) = p.liveness_failed() {
+                    out.push(Action::StopContainer {
+                        uid: uid.to_string(),
+                        container: pc.name.clone(),
+                        container_id: c.id.clone(),
+                        grace_secs: plan.grace_period_secs,
+                        why,
+                    });
+                    continue;
+                }
+                let ip = plan
+                    .pod_ip
+                    .clone()
+                    .or_else(|| obs.sandbox_ip(&sb.id).map(str::to_string))
+                    .unwrap_or_else(|| "127.0.0.1".into());
+                for (kind, spec) in p.due(inp.now) {
+                    out.push(Action::Probe {
+                        uid: uid.to_string(),
+                        container: pc.name.clone(),
+                        container_id: c.id.clone(),
+                        kind,
+                        spec: spec.clone(),
+                        ip: ip.clone(),
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// An exited container: start its wait, or replace it once the wait is over.
+#[allow(clippy::too_many_arguments)]
+fn restart(
+    inp: &Inputs<'_>,
+    uid: &str,
+    plan: &ContainerPlan,
+    old: &api::Container,
+    facts: Option<&ContainerFacts>,
+    refused: bool,
+    create: &dyn Fn(&ContainerPlan, u32, Option<String>) -> Action,
+    out: &mut Vec<Action>,
+) {
+    let key = (uid.to_string(), plan.name.clone());
+    let r = inp.memory.restarts.get(&key);
+    if r.and_then(|r| r.exited.as_deref()) != Some(old.id.as_str()) {
+        let ran = facts
+            .map(|f| Duration::from_nanos((f.finished_at - f.started_at).max(0) as u64))
+            .unwrap_or_default();
+        let count = if ran >= BACKOFF_RESET_AFTER {
+            1
+        } else {
+            r.map(|r| r.count).unwrap_or(0) + 1
+        };
+        out.push(Action::WaitRestart {
+            uid: uid.to_string(),
+            container: plan.name.clone(),
+            restarts: Restarts {
+                count,
+                next_allowed: Some(inp.now + inp.policy.delay(count)),
+                exited: Some(old.id.clone()),
+            },
+        });
+        return;
+    }
+    if refused || waiting(r, inp.now) {
+        return;
+    }
+    out.push(create(plan, attempt_of(old) + 1, Some(old.id.clone())));
+}
+
+/// Sandboxes whose pod is gone or being deleted, deletions to finish, directories to remove.
+fn gone(inp: &Inputs<'_>, out: &mut Vec<Action>) {
+    let snap = inp.snapshot;
+    let cached: HashMap<&str, &DesiredPod> = inp.desired.iter().map(|p| (p.uid(), p)).collect();
+    let with_sandbox = snap.sandbox_uids();
+    let mut uids: Vec<&str> = with_sandbox.iter().copied().collect();
+    uids.sort_unstable();
+    for uid in uids {
+        if inp.held.contains(uid) {
+            continue;
+        }
+        let grace = match cached.get(uid) {
+            Some(p) if !p.obj.index.deleting => continue,
+            Some(p) => p.grace_secs,
+            // Gone from the cache: only a cache that has seen a full pod list may say so.
+            None if !inp.sources_ready => continue,
+            None => snap
+                .pod(uid)
+                .sandboxes()
+                .filter_map(|s| s.annotations.get(labels::GRACE_PERIOD))
+                .filter_map(|g| g.parse::<i64>().ok())
+                .max()
+                .unwrap_or(0)
+                .max(0),
+        };
+        let obs = snap.pod(uid);
+        out.push(Action::KillPod {
+            uid: uid.to_string(),
+            sandboxes: obs.sandboxes().map(|s| s.id.clone()).collect(),
+            containers: obs.containers().map(|c| c.id.clone()).collect(),
+            grace_secs: grace,
+        });
+    }
+    for p in inp.desired.iter().filter(|p| p.obj.index.deleting) {
+        if !with_sandbox.contains(p.uid()) && !inp.held.contains(p.uid()) {
+            out.push(Action::Finalize {
+                uid: p.uid().to_string(),
+                namespace: p.obj.index.namespace.clone(),
+                name: p.obj.index.name.clone(),
+            });
+        }
+    }
+    if inp.sources_ready {
+        let mut dirs: Vec<&String> = snap.pod_dirs.iter().collect();
+        dirs.sort_unstable();
+        for uid in dirs {
+            let uid = uid.as_str();
+            if !cached.contains_key(uid) && !with_sandbox.contains(uid) && !inp.held.contains(uid) {
+                out.push(Action::RemovePodDir {
+                    uid: uid.to_string(),
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "decide_tests.rs"]
+mod tests;

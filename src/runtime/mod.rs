@@ -1,0 +1,598 @@
+//! The pod runtime: edgehub is the node agent, so it runs the node's pods itself, from the
+//! cache, with or without a link. Each pass:
+//!
+//! 1. [`observe`] reads the container runtime once into a snapshot (edgehub's objects only);
+//! 2. [`desired`] reads the cached pods, each pod's JSON once, and translates them;
+//! 3. [`decide`] (pure) turns both into actions;
+//! 4. [`act`] carries out each pod's actions in that pod's own task, a bounded number at a
+//!    time, so no pod waits on another's pull or grace period, and never two tasks for one pod;
+//! 5. [`status`] (pure) computes each settled pod's status; it is queued only when it differs
+//!    from what the apiserver holds, and [`report`] delivers it in a task of its own.
+//!
+//! A pod can be held by someone else: [`PodLocks`] is shared with the upgrade engine, and a
+//! pod the engine holds gets no action, no status and no cleanup from the runtime.
+//!
+//! Until the pod list has completed since the cache was created ("sources ready"), nothing
+//! edgehub runs is stopped for being missing from the cache: an empty cache (a new data dir,
+//! `--reset-cache`, a corrupt file moved aside) must not kill a vehicle's workloads.
+
+pub mod act;
+pub mod decide;
+pub mod desired;
+pub mod observe;
+pub mod probes;
+pub mod report;
+pub mod status;
+
+pub use crate::backoff::BackoffPolicy;
+
+use crate::cri::{CriError, CriRuntime};
+use crate::kube::ApiClient;
+use crate::object::Kind;
+use crate::podspec::{Missing, PlanError, Unsupported};
+use crate::store::{QueuedEvent, QueuedStatus, Store, StoredObject};
+use decide::{Action, DesiredPod, Inputs, Memory, Restarts};
+use observe::Observer;
+use probes::ContainerProbes;
+use serde_json::Value;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error(transparent)]
+    Cri(#[from] CriError),
+    #[error("cache: {0}")]
+    Store(#[from] crate::store::StoreError),
+}
+
+/// What one pass did, for logs and tests.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Pass {
+    pub sandboxes_created: usize,
+    pub containers_started: usize,
+    pub containers_restarted: usize,
+    pub pods_removed: usize,
+    pub pods_finalized: usize,
+    /// File volumes rewritten (a renewed token, an edited ConfigMap).
+    pub volumes_updated: usize,
+    /// Pods waiting for a ConfigMap, Secret or token edgehub does not have.
+    pub missing: Vec<(String, Missing)>,
+    /// Pods the runtime or the host refused (image pull, container creation, volumes), and
+    /// why.
+    pub failed: Vec<(String, String)>,
+    /// Liveness and readiness probes run.
+    pub probes_run: usize,
+    /// Containers stopped because their liveness probe failed.
+    pub liveness_kills: usize,
+    /// Pods that cannot run, and why.
+    pub unsupported: Vec<(String, Unsupported)>,
+    /// Sandboxes left running because the cache has not seen a full pod list yet.
+    pub kept_unsynced: usize,
+}
+
+/// Who holds a pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holder {
+    /// A runtime task is working on it.
+    Runtime,
+    /// An upgrade owns it until it ends.
+    Upgrade,
+}
+
+/// Which pods are held, shared by the runtime and the upgrade engine: one holder per pod, so
+/// two never act on one pod at once.
+#[derive(Debug, Clone, Default)]
+pub struct PodLocks(Arc<Mutex<HashMap<String, Holder>>>);
+
+impl PodLocks {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Holder>> {
+        // A poisoned lock only means a holder panicked mid-update; the map is still whole.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Holds `uid` for `holder` if nobody does; returns whether it did.
+    pub fn try_hold(&self, uid: &str, holder: Holder) -> bool {
+        let mut m = self.map();
+        if m.contains_key(uid) {
+            return false;
+        }
+        m.insert(uid.to_string(), holder);
+        true
+    }
+
+    /// Releases `uid` if `holder` holds it.
+    pub fn release(&self, uid: &str, holder: Holder) {
+        let mut m = self.map();
+        if m.get(uid) == Some(&holder) {
+            m.remove(uid);
+        }
+    }
+
+    pub fn holder(&self, uid: &str) -> Option<Holder> {
+        self.map().get(uid).copied()
+    }
+
+    pub fn held(&self) -> HashSet<String> {
+        self.map().keys().cloned().collect()
+    }
+}
+
+pub struct Reconciler<R: CriRuntime> {
+    pub cri: Arc<R>,
+    pub store: Arc<Store>,
+    /// Finishes deletions on the apiserver; `None` runs without one.
+    pub client: Option<ApiClient>,
+    pub data_dir: PathBuf,
+    pub node_name: String,
+    pub host_ip: Option<String>,
+    pub backoff: BackoffPolicy,
+    /// Pods whose actions run at once.
+    pub parallel: usize,
+    pub locks: PodLocks,
+    observer: Observer,
+    restarts: HashMap<(String, String), Restarts>,
+    refused: HashMap<String, Restarts>,
+    probes: HashMap<(String, String), ContainerProbes>,
+    volumes: HashMap<String, u64>,
+    /// What was last warned about per pod uid (a Warning Event each time it changes).
+    reported: HashMap<String, String>,
+    /// The status last queued per pod uid (`None` until the queue was read).
+    queued: Option<HashMap<String, Value>>,
+    tasks: JoinSet<act::Outcome>,
+    /// The pod each task works on, so a task that panicked still releases its pod.
+    task_pods: HashMap<tokio::task::Id, String>,
+    /// The runtime failed on the last pass (logged once).
+    failing: bool,
+    warned_unsynced: bool,
+}
+
+impl<R: CriRuntime + 'static> Reconciler<R> {
+    pub fn new(
+        cri: R,
+        store: Arc<Store>,
+        client: Option<ApiClient>,
+        data_dir: PathBuf,
+        node_name: String,
+    ) -> Self {
+        Reconciler {
+            cri: Arc::new(cri),
+            store,
+            client,
+            data_dir,
+            node_name,
+            host_ip: None,
+            backoff: BackoffPolicy::default(),
+            parallel: 4,
+            locks: PodLocks::default(),
+            observer: Observer::default(),
+            restarts: HashMap::new(),
+            refused: HashMap::new(),
+            probes: HashMap::new(),
+            volumes: HashMap::new(),
+            reported: HashMap::new(),
+            queued: None,
+            tasks: JoinSet::new(),
+            task_pods: HashMap::new(),
+            failing: false,
+            warned_unsynced: false,
+        }
+    }
+
+    /// Reconciles on every cache change, every finished task and every `period`, and when a
+    /// probe is due, until shutdown. Errors (a dead CRI socket) are logged and retried.
+    pub async fn run(mut self, period: Duration, mut shutdown: watch::Receiver<bool>) {
+        let mut changes = self.store.subscribe();
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let probe_at = probe_wake(self.next_probe_at(), Instant::now());
+            let probe_due = async move {
+                match probe_at {
+                    Some(t) => tokio::time::sleep_until(t.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let mut pass = Pass::default();
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = probe_due => {}
+                r = changes.changed() => { if r.is_err() { break; } }
+                Some(done) = self.tasks.join_next_with_id() => self.finished(done, &mut pass),
+                _ = shutdown.changed() => break,
+            }
+            let result = self.pass(false, &mut pass).await;
+            self.log_pass(result, &pass);
+        }
+        // Tasks in flight finish their step (a stop, a pull); nothing new starts.
+        self.tasks.abort_all();
+        while let Some(done) = self.tasks.join_next_with_id().await {
+            let mut pass = Pass::default();
+            self.finished(done, &mut pass);
+        }
+    }
+
+    fn log_pass(&mut self, result: Result<(), RuntimeError>, pass: &Pass) {
+        match result {
+            Ok(()) => {
+                if self.failing {
+                    tracing::info!("pod runtime reconciling again");
+                    self.failing = false;
+                }
+                if *pass != Pass::default() {
+                    tracing::debug!(pass = ?pass, "reconciled");
+                }
+            }
+            Err(e) => {
+                if !self.failing {
+                    tracing::warn!(error = %e, "pod runtime cannot reconcile; retrying");
+                }
+                self.failing = true;
+                // What the probes and the observer knew is stale once the runtime failed.
+                self.probes.clear();
+                self.observer.forget();
+            }
+        }
+    }
+
+    /// One pass that waits for the actions it started: for tests, benchmarks and tools.
+    pub async fn reconcile(&mut self) -> Result<Pass, RuntimeError> {
+        let mut pass = Pass::default();
+        self.pass(true, &mut pass).await?;
+        Ok(pass)
+    }
+
+    /// When the next probe is due, so the loop wakes for it.
+    fn next_probe_at(&self) -> Option<Instant> {
+        self.probes
+            .values()
+            .filter_map(ContainerProbes::next_due)
+            .min()
+    }
+
+    fn finished(
+        &mut self,
+        done: Result<(tokio::task::Id, act::Outcome), tokio::task::JoinError>,
+        pass: &mut Pass,
+    ) {
+        match done {
+            Ok((id, o)) => {
+                self.task_pods.remove(&id);
+                if let Err(e) = self.apply(o, pass) {
+                    tracing::warn!(error = %e, "cannot record what a pod task did");
+                }
+            }
+            Err(e) => {
+                if let Some(uid) = self.task_pods.remove(&e.id()) {
+                    self.locks.release(&uid, Holder::Runtime);
+                    if e.is_panic() {
+                        tracing::error!(pod_uid = %uid, error = %e, "a pod task panicked");
+                    }
+                }
+            }
+        }
+    }
+
+    async fn pass(&mut self, wait: bool, pass: &mut Pass) -> Result<(), RuntimeError> {
+        while let Some(done) = self.tasks.try_join_next_with_id() {
+            self.finished(done, pass);
+        }
+        let now = Instant::now();
+        let snapshot = self
+            .observer
+            .observe(&*self.cri, &self.node_name, &self.data_dir.join("pods"))
+            .await?;
+        let sources_ready = self
+            .store
+            .cursor(&crate::sync::pods_cursor_key(&self.node_name))?
+            .is_some();
+        let desired = desired::read(
+            &self.store,
+            &snapshot,
+            &self.data_dir,
+            &self.node_name,
+            self.host_ip.as_deref(),
+        )?;
+        probes::track(&mut self.probes, &desired, &snapshot, now);
+        let held = self.locks.held();
+        let actions = decide::decide(&Inputs {
+            desired: &desired,
+            snapshot: &snapshot,
+            memory: Memory {
+                restarts: &self.restarts,
+                refused: &self.refused,
+                probes: &self.probes,
+                volumes: &self.volumes,
+            },
+            held: &held,
+            sources_ready,
+            policy: self.backoff,
+            now,
+        });
+        self.note_unsynced(&desired, &snapshot, sources_ready, &held, pass);
+
+        let by_uid: HashMap<&str, &DesiredPod> = desired.iter().map(|p| (p.uid(), p)).collect();
+        let mut io: BTreeMap<String, Vec<Action>> = BTreeMap::new();
+        for a in actions {
+            match a {
+                Action::WaitRestart {
+                    uid,
+                    container,
+                    restarts,
+                } => {
+                    tracing::info!(pod_uid = %uid, container = %container, restarts = restarts.count,
+                        "container exited; restarting after backoff");
+                    self.restarts.insert((uid, container), restarts);
+                }
+                Action::Blocked {
+                    uid,
+                    reason,
+                    message,
+                    warn,
+                    error,
+                } => {
+                    if let Some(pod) = by_uid.get(uid.as_str()) {
+                        self.blocked(pod, reason, &message, warn)?;
+                        match error {
+                            PlanError::Unsupported(u) => {
+                                pass.unsupported.push((pod.obj.index.name.clone(), u))
+                            }
+                            PlanError::Missing(m) => {
+                                pass.missing.push((pod.obj.index.name.clone(), m))
+                            }
+                        }
+                    }
+                }
+                a => io.entry(a.uid().to_string()).or_default().push(a),
+            }
+        }
+
+        // Settled pods: report their status.
+        for pod in &desired {
+            let uid = pod.uid();
+            if held.contains(uid) || io.contains_key(uid) || self.refused_waiting(uid, now) {
+                continue;
+            }
+            if let Some(Ok(plan)) = &pod.plan {
+                let ours = status::observed(
+                    plan,
+                    snapshot.pod(uid),
+                    &self.probes,
+                    self.host_ip.as_deref(),
+                    &snapshot.runtime_name,
+                );
+                self.queue_status(pod, ours)?;
+            }
+        }
+
+        let env = act::Env {
+            cri: self.cri.clone(),
+            client: self.client.clone(),
+            data_dir: self.data_dir.clone(),
+        };
+        for (uid, actions) in io {
+            if self.tasks.len() >= self.parallel.max(1) {
+                break; // The rest waits for the next pass, which a finishing task starts.
+            }
+            if !self.locks.try_hold(&uid, Holder::Runtime) {
+                continue;
+            }
+            let handle = self
+                .tasks
+                .spawn(act::run_pod(env.clone(), uid.clone(), actions));
+            self.task_pods.insert(handle.id(), uid);
+        }
+        if wait {
+            while let Some(done) = self.tasks.join_next_with_id().await {
+                self.finished(done, pass);
+            }
+        }
+        Ok(())
+    }
+
+    fn refused_waiting(&self, uid: &str, now: Instant) -> bool {
+        self.refused
+            .get(uid)
+            .and_then(|r| r.next_allowed)
+            .is_some_and(|t| now < t)
+    }
+
+    fn note_unsynced(
+        &mut self,
+        desired: &[DesiredPod],
+        snapshot: &observe::Snapshot,
+        sources_ready: bool,
+        held: &HashSet<String>,
+        pass: &mut Pass,
+    ) {
+        if sources_ready {
+            self.warned_unsynced = false;
+            return;
+        }
+        let cached: HashSet<&str> = desired.iter().map(|p| p.uid()).collect();
+        let kept = snapshot
+            .sandbox_uids()
+            .into_iter()
+            .filter(|u| !cached.contains(u) && !held.contains(*u))
+            .count();
+        pass.kept_unsynced = kept;
+        if kept > 0 && !self.warned_unsynced {
+            tracing::warn!(
+                pods = kept,
+                "the cache has not seen this node's pod list yet; \
+                leaving running pods it does not know alone until it has"
+            );
+            self.warned_unsynced = true;
+        }
+    }
+
+    /// Records what a pod's task did.
+    fn apply(&mut self, o: act::Outcome, pass: &mut Pass) -> Result<(), RuntimeError> {
+        self.locks.release(&o.uid, Holder::Runtime);
+        pass.sandboxes_created += o.sandboxes_created;
+        pass.containers_started += o.containers_started;
+        pass.containers_restarted += o.containers_restarted;
+        pass.pods_removed += o.pods_removed;
+        pass.pods_finalized += o.pods_finalized;
+        pass.volumes_updated += o.volumes_updated;
+        pass.probes_run += o.probes.len();
+        pass.liveness_kills += o.liveness_kills.len();
+        if let Some(d) = o.volumes_digest {
+            self.volumes.insert(o.uid.clone(), d);
+        }
+        for r in o.probes {
+            let key = (o.uid.clone(), r.container.clone());
+            if let Some(p) = self.probes.get_mut(&key).filter(|p| p.id == r.container_id) {
+                let error = r.outcome.as_ref().err().cloned().unwrap_or_default();
+                if let Some(v) = p.record(r.kind, r.at, r.outcome) {
+                    tracing::info!(pod_uid = %o.uid, container = %r.container, probe = ?r.kind,
+                        passing = v, error = %error, "probe verdict changed");
+                }
+            }
+        }
+        if o.pods_removed > 0 || o.pods_finalized > 0 {
+            self.restarts.retain(|(u, _), _| *u != o.uid);
+            self.probes.retain(|(u, _), _| *u != o.uid);
+            self.volumes.remove(&o.uid);
+            self.refused.remove(&o.uid);
+            self.reported.remove(&o.uid);
+        }
+        let pod = self.store.get_by_uid(Kind::Pod, &o.uid)?;
+        for (container, why) in &o.liveness_kills {
+            self.probes.remove(&(o.uid.clone(), container.clone()));
+            if let Some(pod) = &pod {
+                let message =
+                    format!("Liveness probe of container {container} failed: {why}; restarting it");
+                self.queue_warning(pod, "Unhealthy", &message)?;
+            }
+        }
+        if let Some(e) = o.runtime_down {
+            return Err(e.into());
+        }
+        match (o.refused, &pod) {
+            (Some((reason, message)), Some(pod)) => {
+                let r = self.refused.entry(o.uid.clone()).or_default();
+                r.count += 1;
+                r.next_allowed = Some(Instant::now() + self.backoff.delay(r.count));
+                if self.reported.get(&o.uid) != Some(&message) {
+                    tracing::warn!(pod = %pod.index.name, namespace = %pod.index.namespace, reason,
+                        error = %message, "the pod was refused; retrying");
+                    self.queue_warning(pod, reason, &message)?;
+                    self.reported.insert(o.uid.clone(), message.clone());
+                }
+                self.queue_status_of(pod, status::blocked_status(reason, &message))?;
+                pass.failed.push((pod.index.name.clone(), message));
+            }
+            (None, _) if o.progressed => {
+                self.refused.remove(&o.uid);
+                self.reported.remove(&o.uid);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// A pod that cannot run, or cannot start yet: its status says why, and a Warning Event
+    /// does too, once per message.
+    fn blocked(
+        &mut self,
+        pod: &DesiredPod,
+        reason: &'static str,
+        message: &str,
+        warn: bool,
+    ) -> Result<(), RuntimeError> {
+        let uid = pod.uid().to_string();
+        if warn && self.reported.get(&uid).map(String::as_str) != Some(message) {
+            tracing::warn!(pod = %pod.obj.index.name, namespace = %pod.obj.index.namespace, reason,
+                %message, "pod cannot run");
+            self.queue_warning(&pod.obj, reason, message)?;
+            self.reported.insert(uid, message.to_string());
+        }
+        self.queue_status_of(&pod.obj, status::blocked_status(reason, message))
+    }
+
+    fn queue_status_of(&mut self, pod: &StoredObject, ours: Value) -> Result<(), RuntimeError> {
+        let cached: Value = serde_json::from_str(&pod.raw).unwrap_or(Value::Null);
+        let current = cached.get("status").cloned().unwrap_or(Value::Null);
+        self.queue(pod, &current, ours)
+    }
+
+    fn queue_status(&mut self, pod: &DesiredPod, ours: Value) -> Result<(), RuntimeError> {
+        let cached: Value = serde_json::from_str(&pod.obj.raw).unwrap_or(Value::Null);
+        let current = cached.get("status").cloned().unwrap_or(Value::Null);
+        self.queue(&pod.obj, &current, ours)
+    }
+
+    /// Queues `ours` for the pod if the apiserver's status (`current`) does not already hold
+    /// it; takes a queued one off when it does. Writes nothing when nothing changed.
+    fn queue(
+        &mut self,
+        pod: &StoredObject,
+        current: &Value,
+        ours: Value,
+    ) -> Result<(), RuntimeError> {
+        if self.queued.is_none() {
+            let mut m = HashMap::new();
+            for q in self.store.queued_statuses()? {
+                if let Ok(v) = serde_json::from_str(&q.status) {
+                    m.insert(q.pod_uid, v);
+                }
+            }
+            self.queued = Some(m);
+        }
+        let queued = self.queued.get_or_insert_with(HashMap::new);
+        let uid = &pod.index.uid;
+        let ours = status::with_times(&ours, current, queued.get(uid), &crate::time::now());
+        if !status::needs_patch(current, &ours) {
+            if queued.remove(uid).is_some() {
+                self.store.unqueue_status(uid, None)?;
+            }
+            return Ok(());
+        }
+        if queued.get(uid) == Some(&ours) {
+            return Ok(());
+        }
+        self.store.queue_status(&QueuedStatus {
+            pod_uid: uid.clone(),
+            namespace: pod.index.namespace.clone(),
+            name: pod.index.name.clone(),
+            status: ours.to_string(),
+        })?;
+        queued.insert(uid.clone(), ours);
+        Ok(())
+    }
+
+    /// Queues a Warning Event about a pod in the store, for the next time the link is up.
+    fn queue_warning(
+        &self,
+        pod: &StoredObject,
+        reason: &str,
+        message: &str,
+    ) -> Result<(), RuntimeError> {
+        let ev = status::warning_event(pod, reason, message, &self.node_name, &crate::time::now());
+        let name = ev["metadata"]["name"].as_str().unwrap_or_default();
+        self.store.queue_event(
+            &QueuedEvent {
+                key: format!("{}/{name}", pod.index.namespace),
+                namespace: pod.index.namespace.clone(),
+                body: ev.to_string(),
+                occurrences: 1,
+            },
+            crate::time::now_ms(),
+        )?;
+        Ok(())
+    }
+}
+
+/// When the loop wakes for the next probe: never sooner than shortly after now, so a probe
+/// that could not run (the runtime is down) cannot turn the loop into a busy one.
+pub fn probe_wake(next_due: Option<Instant>, now: Instant) -> Option<Instant> {
+    next_due.map(|t| t.max(now + Duration::from_millis(200)))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,253 @@
+//! One snapshot of the container runtime per pass: edgehub's sandboxes and containers on this
+//! node, with the facts the decisions need (exit codes, start times, image digests, pod IPs),
+//! and the pod directories on disk.
+//!
+//! ListPodSandbox and ListContainers give states but not exit codes or start times, so each
+//! container's status is asked once per state it reaches and remembered: an idle node asks the
+//! runtime two list calls per pass, not one status call per container.
+
+use crate::cri::{api, labels, CriError, CriRuntime};
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+
+/// What the runtime says about one container, beyond the list.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ContainerFacts {
+    pub exit_code: i32,
+    /// The runtime's reason for an exit (`OOMKilled`, `Error`, `Completed`), may be empty.
+    pub reason: String,
+    pub started_at: i64,
+    pub finished_at: i64,
+    /// The image's digest reference (`repo@sha256:...`).
+    pub image_ref: String,
+}
+
+/// The runtime's state of edgehub's objects on this node, at one moment.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub sandboxes: Vec<api::PodSandbox>,
+    pub containers: Vec<api::Container>,
+    /// By container id.
+    pub facts: HashMap<String, ContainerFacts>,
+    /// The pod-network address of each ready sandbox that has one, by sandbox id.
+    pub sandbox_ips: HashMap<String, String>,
+    /// Pod uids that have a directory under `<data_dir>/pods`.
+    pub pod_dirs: HashSet<String>,
+    /// `containerd`, `cri-o`: the prefix of a status's `containerID`.
+    pub runtime_name: String,
+}
+
+/// What a snapshot holds for one pod.
+#[derive(Debug, Clone, Copy)]
+pub struct PodObserved<'a> {
+    snap: &'a Snapshot,
+    uid: &'a str,
+}
+
+fn attempt_of_sandbox(s: &api::PodSandbox) -> u32 {
+    s.metadata.as_ref().map(|m| m.attempt).unwrap_or(0)
+}
+
+/// A container's attempt (its restart count).
+pub fn attempt_of(c: &api::Container) -> u32 {
+    c.metadata.as_ref().map(|m| m.attempt).unwrap_or(0)
+}
+
+impl Snapshot {
+    pub fn pod<'a>(&'a self, uid: &'a str) -> PodObserved<'a> {
+        PodObserved { snap: self, uid }
+    }
+
+    /// Pod uids of the sandboxes in the snapshot.
+    pub fn sandbox_uids(&self) -> HashSet<&str> {
+        self.sandboxes
+            .iter()
+            .filter_map(|s| s.labels.get(labels::POD_UID).map(String::as_str))
+            .collect()
+    }
+}
+
+impl<'a> PodObserved<'a> {
+    /// All the pod's sandboxes, ready or not.
+    pub fn sandboxes(&self) -> impl Iterator<Item = &'a api::PodSandbox> + 'a {
+        let uid = self.uid;
+        self.snap
+            .sandboxes
+            .iter()
+            .filter(move |s| s.labels.get(labels::POD_UID).map(String::as_str) == Some(uid))
+    }
+
+    /// The ready sandbox with the highest attempt: the one the pod runs in.
+    pub fn ready_sandbox(&self) -> Option<&'a api::PodSandbox> {
+        self.sandboxes()
+            .filter(|s| s.state == api::PodSandboxState::SandboxReady as i32)
+            .max_by_key(|s| attempt_of_sandbox(s))
+    }
+
+    /// The attempt number for the pod's next sandbox.
+    pub fn next_sandbox_attempt(&self) -> u32 {
+        self.sandboxes()
+            .map(|s| attempt_of_sandbox(s) + 1)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Containers in sandbox `sandbox_id`.
+    pub fn containers_in(&self, sandbox_id: &'a str) -> impl Iterator<Item = &'a api::Container> {
+        self.snap
+            .containers
+            .iter()
+            .filter(move |c| c.pod_sandbox_id == sandbox_id)
+    }
+
+    /// Every container of the pod, in any of its sandboxes.
+    pub fn containers(&self) -> impl Iterator<Item = &'a api::Container> + 'a {
+        let uid = self.uid;
+        self.snap
+            .containers
+            .iter()
+            .filter(move |c| c.labels.get(labels::POD_UID).map(String::as_str) == Some(uid))
+    }
+
+    /// The newest attempt of container `name` in sandbox `sandbox_id`.
+    pub fn latest(&self, sandbox_id: &'a str, name: &str) -> Option<&'a api::Container> {
+        self.containers_in(sandbox_id)
+            .filter(|c| c.labels.get(labels::CONTAINER_NAME).map(String::as_str) == Some(name))
+            .max_by_key(|c| attempt_of(c))
+    }
+
+    pub fn facts(&self, container_id: &str) -> Option<&'a ContainerFacts> {
+        self.snap.facts.get(container_id)
+    }
+
+    pub fn sandbox_ip(&self, sandbox_id: &str) -> Option<&'a str> {
+        self.snap.sandbox_ips.get(sandbox_id).map(String::as_str)
+    }
+}
+
+/// The label selector of this node's edgehub objects.
+pub fn managed(node: &str) -> HashMap<String, String> {
+    HashMap::from([
+        (labels::MANAGED_BY.to_string(), "edgehub".to_string()),
+        (labels::NODE.to_string(), node.to_string()),
+    ])
+}
+
+/// Checked again on what the runtime returns: a runtime that ignored the selector must not
+/// make edgehub remove someone else's containers.
+pub fn is_managed(l: &HashMap<String, String>, node: &str) -> bool {
+    l.get(labels::MANAGED_BY).map(String::as_str) == Some("edgehub")
+        && l.get(labels::NODE).map(String::as_str) == Some(node)
+}
+
+/// Takes snapshots, remembering what does not change (a container's facts in one state, a
+/// sandbox's address) between them.
+#[derive(Debug, Default)]
+pub struct Observer {
+    /// By container id: the state the facts were read in, and the facts.
+    facts: HashMap<String, (i32, ContainerFacts)>,
+    ips: HashMap<String, Option<String>>,
+    runtime_name: Option<String>,
+}
+
+impl Observer {
+    pub async fn observe<R: CriRuntime>(
+        &mut self,
+        cri: &R,
+        node: &str,
+        pods_dir: &Path,
+    ) -> Result<Snapshot, CriError> {
+        let sandboxes: Vec<api::PodSandbox> = cri
+            .list_pod_sandbox(managed(node))
+            .await?
+            .into_iter()
+            .filter(|s| is_managed(&s.labels, node))
+            .collect();
+        let containers: Vec<api::Container> = cri
+            .list_containers(managed(node))
+            .await?
+            .into_iter()
+            .filter(|c| is_managed(&c.labels, node))
+            .collect();
+        if self.runtime_name.is_none() {
+            self.runtime_name = Some(cri.version().await?.runtime_name);
+        }
+        let mut facts = HashMap::with_capacity(containers.len());
+        for c in &containers {
+            let known = self.facts.get(&c.id).filter(|(st, _)| *st == c.state);
+            let f = match known {
+                Some((_, f)) => f.clone(),
+                None => {
+                    let f = match cri.container_status(&c.id).await {
+                        Ok(Some(s)) => ContainerFacts {
+                            exit_code: s.exit_code,
+                            reason: s.reason,
+                            started_at: s.started_at,
+                            finished_at: s.finished_at,
+                            image_ref: s.image_ref,
+                        },
+                        Ok(None) => ContainerFacts::default(),
+                        Err(e) if e.is_not_found() => ContainerFacts::default(),
+                        Err(e) => return Err(e),
+                    };
+                    self.facts.insert(c.id.clone(), (c.state, f.clone()));
+                    f
+                }
+            };
+            facts.insert(c.id.clone(), f);
+        }
+        self.facts.retain(|id, _| facts.contains_key(id));
+        let mut sandbox_ips = HashMap::new();
+        for s in sandboxes
+            .iter()
+            .filter(|s| s.state == api::PodSandboxState::SandboxReady as i32)
+        {
+            let ip = match self.ips.get(&s.id) {
+                Some(ip) => ip.clone(),
+                None => {
+                    let ip = match cri.pod_sandbox_status(&s.id).await {
+                        Ok(st) => st
+                            .and_then(|s| s.network)
+                            .map(|n| n.ip)
+                            .filter(|ip| !ip.is_empty()),
+                        Err(e) if e.is_not_found() => None,
+                        Err(e) => return Err(e),
+                    };
+                    self.ips.insert(s.id.clone(), ip.clone());
+                    ip
+                }
+            };
+            if let Some(ip) = ip {
+                sandbox_ips.insert(s.id.clone(), ip);
+            }
+        }
+        self.ips
+            .retain(|id, _| sandboxes.iter().any(|s| s.id == *id));
+        Ok(Snapshot {
+            sandboxes,
+            containers,
+            facts,
+            sandbox_ips,
+            pod_dirs: pod_dirs(pods_dir),
+            runtime_name: self.runtime_name.clone().unwrap_or_default(),
+        })
+    }
+
+    /// Forgets everything, after the runtime went away (its ids may be reused).
+    pub fn forget(&mut self) {
+        self.facts.clear();
+        self.ips.clear();
+        self.runtime_name = None;
+    }
+}
+
+fn pod_dirs(dir: &Path) -> HashSet<String> {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(Result::ok)
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .filter_map(|e| e.file_name().to_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
