@@ -1,24 +1,33 @@
-//! Keeps the cache of what pods reference fresh while the link is up, and reads it back.
+//! Keeps the cache of what pods reference current while the link is up, and reads it back.
 //!
-//! A node may GET the ConfigMaps and Secrets its pods reference (one by one: the Node
-//! authorizer refuses lists) and create tokens for its pods' service accounts. Each is
-//! fetched when a pod first needs it and then every `refresh`; tokens are renewed after 80 %
-//! of their lifetime, as the kubelet does. Failures are retried after `retry`. Offline, the
-//! pass stops at the first request and the cache is used as it is.
+//! A node may read the ConfigMaps and Secrets its pods reference one by one (the Node
+//! authorizer refuses plain lists) and create tokens for its pods' service accounts. The
+//! ConfigMaps and Secrets are kept current the way the kubelet's watch-based manager does it:
+//! a list narrowed to the object (`fieldSelector=metadata.name=<name>`, which the authorizer
+//! treats as a read of that object), then a watch from that version. An idle watch costs no
+//! request until the server ends it (30 to 60 minutes here), where polling every object every
+//! minute cost one request per object per minute. Tokens are renewed after 80 % of their
+//! lifetime, as the kubelet does.
+//!
+//! Right after a pod is bound, the Node authorizer may not know yet that it references an
+//! object and answers 403 "no relationship found"; that is retried quietly within a second,
+//! doubling, instead of waiting out a long retry. Offline, the cache is used as it is.
 
 use super::{decode_data, references, Data, SourceRef, Sources};
+use crate::backoff::Backoff;
 use crate::kube::resource::{CONFIGMAPS, SECRETS, SERVICE_ACCOUNTS};
-use crate::kube::{ApiClient, KubeError};
+use crate::kube::{ApiClient, KubeError, ListParams, Resource, WatchEvent};
 use crate::store::{CachedSource, CachedToken, Store, StoreError, StoredObject};
 use serde_json::Value;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::task::JoinHandle;
 
 /// What one refresh did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct FetchStats {
-    /// ConfigMaps and Secrets fetched (found or not found).
+    /// ConfigMaps and Secrets read (found or not found) to start their watch.
     pub fetched: usize,
     /// Of those, the ones whose cached copy changed.
     pub changed: usize,
@@ -30,13 +39,25 @@ pub struct FetchStats {
 
 type Key = (String, String, String);
 
+/// When a failed source is tried again.
+#[derive(Debug)]
+struct Retry {
+    at: Instant,
+    backoff: Backoff,
+}
+
 pub struct Fetcher {
     client: ApiClient,
     store: Arc<Store>,
-    pub refresh: Duration,
+    /// The longest wait before a failed read or token request is tried again.
     pub retry: Duration,
-    /// When each source was last tried, and whether that worked.
-    attempts: HashMap<Key, (Instant, bool)>,
+    /// The first wait after the Node authorizer's "no relationship found" (it doubles).
+    pub lag_retry: Duration,
+    /// How often tokens are checked for renewal when nothing else wakes the fetcher.
+    pub refresh: Duration,
+    /// The watch keeping each referenced ConfigMap and Secret current.
+    watches: HashMap<Key, JoinHandle<()>>,
+    retries: HashMap<Key, Retry>,
     /// Failures already logged, so a refused reference warns once, not every pass.
     warned: HashSet<Key>,
 }
@@ -61,26 +82,158 @@ pub fn token_request(pod: &StoredObject, audience: &str, expiration_secs: i64) -
     serde_json::json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec})
 }
 
+fn resource(kind: &str) -> &'static Resource {
+    if kind == "secrets" {
+        &SECRETS
+    } else {
+        &CONFIGMAPS
+    }
+}
+
+fn by_name(name: &str) -> ListParams {
+    ListParams {
+        field_selector: Some(format!("metadata.name={name}")),
+        label_selector: None,
+    }
+}
+
+/// Stores what a list or watch said of one object; returns whether the cache changed.
+fn put(store: &Store, key: &Key, raw: Option<String>) -> Result<bool, StoreError> {
+    store.put_source(&CachedSource {
+        kind: key.0.clone(),
+        namespace: key.1.clone(),
+        name: key.2.clone(),
+        raw,
+        fetched_ms: crate::time::now_ms(),
+    })
+}
+
+/// Reads one object through a list narrowed to its name: the object (or `None`, absent) and
+/// the version to watch from.
+async fn read_one(client: &ApiClient, key: &Key) -> Result<(Option<String>, String), KubeError> {
+    let page = client
+        .list(resource(&key.0), Some(&key.1), &by_name(&key.2), None, None)
+        .await?;
+    Ok((page.items.into_iter().next(), page.resource_version))
+}
+
+/// Keeps one object current from `rv` on: watches, re-watches when the server ends a watch,
+/// reads it again after a 410, and backs off while the link is down. Ends when the apiserver
+/// refuses it (the pod that referenced it is gone) or the task is aborted.
+async fn keep_current(client: ApiClient, store: Arc<Store>, key: Key, mut rv: String) {
+    let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
+    loop {
+        // Like the apiserver's own default: a long, random timeout spreads re-watches.
+        let timeout = fastrand::u32(1800..3600);
+        let mut stream = match client
+            .watch(
+                resource(&key.0),
+                Some(&key.1),
+                &by_name(&key.2),
+                &rv,
+                timeout,
+            )
+            .await
+        {
+            Ok(s) => s,
+            Err(e) if e.is_offline() || e.retry_after().is_some() => {
+                tokio::time::sleep(crate::sync::delay_after(&e, &mut backoff)).await;
+                continue;
+            }
+            Err(e) if e.is_expired() => match read_one(&client, &key).await {
+                Ok((raw, next)) => {
+                    store_logged(&store, &key, raw);
+                    rv = next;
+                    continue;
+                }
+                Err(e) => {
+                    tracing::debug!(kind = %key.0, namespace = %key.1, name = %key.2, error = %e, "source watch ends");
+                    return;
+                }
+            },
+            Err(e) => {
+                tracing::debug!(kind = %key.0, namespace = %key.1, name = %key.2, error = %e, "source watch ends");
+                return;
+            }
+        };
+        loop {
+            match stream.next().await {
+                Ok(Some(WatchEvent::Added(raw) | WatchEvent::Modified(raw))) => {
+                    backoff.reset();
+                    if let Some(v) = rv_of(&raw) {
+                        rv = v;
+                    }
+                    store_logged(&store, &key, Some(raw));
+                }
+                Ok(Some(WatchEvent::Deleted(raw))) => {
+                    if let Some(v) = rv_of(&raw) {
+                        rv = v;
+                    }
+                    store_logged(&store, &key, None);
+                }
+                Ok(Some(WatchEvent::Bookmark {
+                    resource_version, ..
+                })) => rv = resource_version,
+                Ok(Some(WatchEvent::Error(st))) if st.code == 410 => {
+                    // Too old: read it again and watch from there.
+                    match read_one(&client, &key).await {
+                        Ok((raw, next)) => {
+                            store_logged(&store, &key, raw);
+                            rv = next;
+                        }
+                        Err(_) => tokio::time::sleep(backoff.next_delay()).await,
+                    }
+                    break;
+                }
+                Ok(Some(WatchEvent::Error(_) | WatchEvent::Malformed { .. })) => {}
+                Ok(None) => break,
+                Err(_) => {
+                    tokio::time::sleep(backoff.next_delay()).await;
+                    break;
+                }
+            }
+        }
+    }
+}
+
+fn rv_of(raw: &str) -> Option<String> {
+    serde_json::from_str::<Value>(raw)
+        .ok()?
+        .pointer("/metadata/resourceVersion")?
+        .as_str()
+        .map(str::to_string)
+}
+
+fn store_logged(store: &Store, key: &Key, raw: Option<String>) {
+    match put(store, key, raw) {
+        Ok(true) => {
+            tracing::info!(kind = %key.0, namespace = %key.1, name = %key.2, "pod source changed")
+        }
+        Ok(false) => {}
+        Err(e) => tracing::warn!(kind = %key.0, namespace = %key.1, name = %key.2, error = %e,
+            "cannot cache a pod source"),
+    }
+}
+
 impl Fetcher {
-    /// Refreshes on every cache change and at least every `retry`, until shutdown. It runs
-    /// beside the pod runtime, which reads only the cache: a dead or blackholed link never
-    /// delays a pod start, and what is fetched wakes the runtime through the store.
+    /// Refreshes on every cache change, when a retry or token check is due, until shutdown.
+    /// It runs beside the pod runtime, which reads only the cache: a dead or blackholed link
+    /// never delays a pod start, and what is fetched wakes the runtime through the store.
     pub async fn run(mut self, mut shutdown: tokio::sync::watch::Receiver<bool>) {
         let mut changes = self.store.subscribe();
-        let mut tick =
-            tokio::time::interval(self.retry.min(self.refresh).max(Duration::from_millis(100)));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut offline = false;
+        let mut wait = Duration::ZERO;
         loop {
             tokio::select! {
-                _ = tick.tick() => {}
-                r = changes.changed() => { if r.is_err() { return; } }
-                _ = shutdown.changed() => return,
+                _ = tokio::time::sleep(wait) => {}
+                r = changes.changed() => { if r.is_err() { break; } }
+                _ = shutdown.changed() => break,
             }
             let pods = match self.store.list(crate::object::Kind::Pod) {
                 Ok(p) => p,
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot read the cached pods");
+                    wait = self.refresh;
                     continue;
                 }
             };
@@ -94,6 +247,10 @@ impl Fetcher {
                 }
                 Err(e) => tracing::warn!(error = %e, "cannot cache what pods reference"),
             }
+            wait = self.next_wake();
+        }
+        for (_, w) in self.watches.drain() {
+            w.abort();
         }
     }
 
@@ -101,30 +258,60 @@ impl Fetcher {
         Fetcher {
             client,
             store,
-            refresh: Duration::from_secs(60),
             retry: Duration::from_secs(10),
-            attempts: HashMap::new(),
+            lag_retry: Duration::from_millis(250),
+            refresh: Duration::from_secs(60),
+            watches: HashMap::new(),
+            retries: HashMap::new(),
             warned: HashSet::new(),
         }
     }
 
+    /// How long until something is due: the earliest retry, else the token check.
+    fn next_wake(&self) -> Duration {
+        let now = Instant::now();
+        self.retries
+            .values()
+            .map(|r| r.at.saturating_duration_since(now))
+            .min()
+            .unwrap_or(self.refresh)
+            .min(self.refresh)
+    }
+
     fn due(&self, key: &Key) -> bool {
-        match self.attempts.get(key) {
-            None => true,
-            Some((at, ok)) => at.elapsed() >= if *ok { self.refresh } else { self.retry },
-        }
+        self.retries.get(key).is_none_or(|r| Instant::now() >= r.at)
+    }
+
+    fn succeeded(&mut self, key: &Key) {
+        self.retries.remove(key);
+        self.warned.remove(key);
     }
 
     fn failed(&mut self, key: Key, e: &KubeError) {
-        if self.warned.insert(key.clone()) {
+        let lag = e.is_authorizer_lag();
+        let (lag_retry, retry) = (self.lag_retry, self.retry);
+        let r = self.retries.entry(key.clone()).or_insert_with(|| Retry {
+            at: Instant::now(),
+            backoff: Backoff::steady(crate::backoff::BackoffPolicy {
+                initial: if lag { lag_retry } else { retry },
+                max: retry,
+            }),
+        });
+        r.at = Instant::now() + r.backoff.next_delay();
+        // The authorizer catching up with a new pod is expected: quiet for its first second.
+        let quiet = lag && r.backoff.failures() <= 3;
+        if !quiet && self.warned.insert(key.clone()) {
             tracing::warn!(kind = %key.0, namespace = %key.1, name = %key.2, error = %e,
                 "cannot fetch what a pod references; retrying");
+        } else {
+            tracing::debug!(kind = %key.0, namespace = %key.1, name = %key.2, error = %e,
+                "pod source not readable yet; retrying");
         }
-        self.attempts.insert(key, (Instant::now(), false));
     }
 
-    /// Fetches what the given pods reference and is due, then drops cached sources and
-    /// tokens that no cached pod references any more.
+    /// Starts keeping what the given pods reference current (a read, then a watch, per
+    /// ConfigMap and Secret), renews tokens that are due, then drops cached sources and
+    /// tokens no cached pod references any more.
     pub async fn refresh(
         &mut self,
         pods: &[(&StoredObject, Vec<SourceRef>)],
@@ -132,144 +319,155 @@ impl Fetcher {
         let mut st = FetchStats::default();
         let mut referenced: HashSet<Key> = HashSet::new();
         let mut uids = Vec::new();
-        'pods: for (pod, refs) in pods {
+        for (pod, refs) in pods {
             uids.push(pod.index.uid.as_str());
             let ns = &pod.index.namespace;
             for r in refs {
-                if st.offline {
-                    // Still record what is referenced, so nothing is pruned while offline.
-                    if let SourceRef::ConfigMap { name } | SourceRef::Secret { name } = &r {
-                        referenced.insert((r.kind().into(), ns.clone(), name.clone()));
-                    }
-                    continue;
-                }
                 match &r {
                     SourceRef::ConfigMap { name } | SourceRef::Secret { name } => {
                         let key: Key = (r.kind().into(), ns.clone(), name.clone());
                         referenced.insert(key.clone());
-                        if pod.index.deleting || !self.due(&key) {
+                        let watched = self.watches.get(&key).is_some_and(|w| !w.is_finished());
+                        if st.offline || pod.index.deleting || watched || !self.due(&key) {
                             continue;
                         }
-                        let res = if r.kind() == "secrets" {
-                            &SECRETS
-                        } else {
-                            &CONFIGMAPS
-                        };
-                        let got = match self.client.get(res, Some(ns), name).await {
-                            Ok(raw) => Some(raw),
-                            Err(e) if e.code() == Some(404) => None,
-                            Err(e) if e.is_offline() => {
-                                st.offline = true;
-                                continue;
+                        match read_one(&self.client, &key).await {
+                            Ok((raw, rv)) => {
+                                st.fetched += 1;
+                                if put(&self.store, &key, raw)? {
+                                    st.changed += 1;
+                                    tracing::info!(kind = %key.0, namespace = %key.1, name = %key.2, "pod source cached");
+                                }
+                                self.succeeded(&key);
+                                let task = tokio::spawn(keep_current(
+                                    self.client.clone(),
+                                    self.store.clone(),
+                                    key.clone(),
+                                    rv,
+                                ));
+                                if let Some(old) = self.watches.insert(key, task) {
+                                    old.abort();
+                                }
                             }
+                            Err(e) if e.is_offline() => st.offline = true,
                             Err(e) => {
                                 st.failed += 1;
                                 self.failed(key, &e);
-                                continue;
                             }
-                        };
-                        st.fetched += 1;
-                        let changed = self.store.put_source(&CachedSource {
-                            kind: key.0.clone(),
-                            namespace: key.1.clone(),
-                            name: key.2.clone(),
-                            raw: got,
-                            fetched_ms: crate::time::now_ms(),
-                        })?;
-                        if changed {
-                            st.changed += 1;
-                            tracing::info!(kind = %key.0, namespace = %key.1, name = %key.2, "pod source cached");
                         }
-                        self.warned.remove(&key);
-                        self.attempts.insert(key, (Instant::now(), true));
                     }
                     SourceRef::Token {
                         service_account,
                         audience,
                         expiration_secs,
                     } => {
-                        if pod.index.deleting {
+                        if st.offline || pod.index.deleting {
                             continue;
                         }
-                        let key: Key = (
-                            "token".into(),
-                            pod.index.uid.clone(),
-                            format!("{audience}/{expiration_secs}"),
-                        );
-                        let cached =
-                            self.store
-                                .get_token(&pod.index.uid, audience, *expiration_secs)?;
-                        let now = crate::time::now_ms();
-                        let needed = cached
-                            .as_ref()
-                            .is_none_or(|t| token_due(now, t.issued_ms, t.expires_ms));
-                        if !needed || !self.due(&key) {
-                            continue;
-                        }
-                        let body = token_request(pod, audience, *expiration_secs);
-                        match self
-                            .client
-                            .create_sub(
-                                &SERVICE_ACCOUNTS,
-                                Some(ns),
-                                service_account,
-                                "token",
-                                body.to_string().into_bytes(),
-                            )
-                            .await
+                        if self
+                            .token(pod, service_account, audience, *expiration_secs, &mut st)
+                            .await?
                         {
-                            Ok(resp) => {
-                                let v: Value = serde_json::from_str(&resp).unwrap_or(Value::Null);
-                                let Some(token) =
-                                    v.pointer("/status/token").and_then(Value::as_str)
-                                else {
-                                    st.failed += 1;
-                                    self.attempts.insert(key, (Instant::now(), false));
-                                    tracing::warn!(pod = %pod.index.name, "TokenRequest answer has no token");
-                                    continue;
-                                };
-                                let expires_ms = v
-                                    .pointer("/status/expirationTimestamp")
-                                    .and_then(Value::as_str)
-                                    .and_then(crate::time::parse_rfc3339)
-                                    .map(|s| s * 1000)
-                                    .unwrap_or(now + expiration_secs * 1000);
-                                self.store.put_token(&CachedToken {
-                                    pod_uid: pod.index.uid.clone(),
-                                    audience: audience.clone(),
-                                    expiration_secs: *expiration_secs,
-                                    token: token.to_string(),
-                                    issued_ms: now,
-                                    expires_ms,
-                                })?;
-                                st.tokens += 1;
-                                tracing::info!(pod = %pod.index.name, namespace = %ns, service_account = %service_account,
-                                    expires_in_s = (expires_ms - now) / 1000, "service-account token cached");
-                                self.warned.remove(&key);
-                                self.attempts.insert(key, (Instant::now(), true));
-                            }
-                            Err(e) if e.is_offline() => {
-                                st.offline = true;
-                                continue 'pods;
-                            }
-                            Err(e) => {
-                                st.failed += 1;
-                                self.failed(key, &e);
-                            }
+                            st.tokens += 1;
                         }
                     }
                 }
             }
         }
-        // Hygiene: Secrets and tokens of pods that are gone leave the disk.
+        // Hygiene: Secrets and tokens of pods that are gone leave the disk, and their watches
+        // end.
         for key in self.store.source_keys()? {
             if !referenced.contains(&key) {
                 self.store.delete_source(&key.0, &key.1, &key.2)?;
-                self.attempts.remove(&key);
             }
         }
+        self.watches.retain(|k, w| {
+            let keep = referenced.contains(k);
+            if !keep {
+                w.abort();
+            }
+            keep
+        });
+        self.retries
+            .retain(|k, _| k.0 == "token" || referenced.contains(k));
         self.store.retain_tokens(&uids)?;
         Ok(st)
+    }
+
+    /// Requests the pod's token if it has none or it is due for renewal; returns whether a
+    /// new one was cached.
+    async fn token(
+        &mut self,
+        pod: &StoredObject,
+        service_account: &str,
+        audience: &str,
+        expiration_secs: i64,
+        st: &mut FetchStats,
+    ) -> Result<bool, StoreError> {
+        let key: Key = (
+            "token".into(),
+            pod.index.uid.clone(),
+            format!("{audience}/{expiration_secs}"),
+        );
+        let cached = self
+            .store
+            .get_token(&pod.index.uid, audience, expiration_secs)?;
+        let now = crate::time::now_ms();
+        let needed = cached
+            .as_ref()
+            .is_none_or(|t| token_due(now, t.issued_ms, t.expires_ms));
+        if !needed || !self.due(&key) {
+            return Ok(false);
+        }
+        let body = token_request(pod, audience, expiration_secs);
+        let ns = &pod.index.namespace;
+        match self
+            .client
+            .create_sub(
+                &SERVICE_ACCOUNTS,
+                Some(ns),
+                service_account,
+                "token",
+                body.to_string().into_bytes(),
+            )
+            .await
+        {
+            Ok(resp) => {
+                let v: Value = serde_json::from_str(&resp).unwrap_or(Value::Null);
+                let Some(token) = v.pointer("/status/token").and_then(Value::as_str) else {
+                    st.failed += 1;
+                    tracing::warn!(pod = %pod.index.name, "TokenRequest answer has no token");
+                    return Ok(false);
+                };
+                let expires_ms = v
+                    .pointer("/status/expirationTimestamp")
+                    .and_then(Value::as_str)
+                    .and_then(crate::time::parse_rfc3339)
+                    .map(|s| s * 1000)
+                    .unwrap_or(now + expiration_secs * 1000);
+                self.store.put_token(&CachedToken {
+                    pod_uid: pod.index.uid.clone(),
+                    audience: audience.to_string(),
+                    expiration_secs,
+                    token: token.to_string(),
+                    issued_ms: now,
+                    expires_ms,
+                })?;
+                tracing::info!(pod = %pod.index.name, namespace = %ns, service_account = %service_account,
+                    expires_in_s = (expires_ms - now) / 1000, "service-account token cached");
+                self.succeeded(&key);
+                Ok(true)
+            }
+            Err(e) if e.is_offline() => {
+                st.offline = true;
+                Ok(false)
+            }
+            Err(e) => {
+                st.failed += 1;
+                self.failed(key, &e);
+                Ok(false)
+            }
+        }
     }
 }
 
