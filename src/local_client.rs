@@ -198,8 +198,16 @@ pub fn status_text(body: &str) -> Result<String, String> {
     }
     let c = &v["cache"];
     out.push_str(&format!(
-        "cache:  {} pods, {} DaemonSets, {} ControllerRevisions, {} nodes\n",
-        c["pods"], c["daemonSets"], c["controllerRevisions"], c["nodes"]
+        "cache:  {} pods, {} DaemonSets, {} ControllerRevisions, {} nodes{}\n",
+        c["pods"],
+        c["daemonSets"],
+        c["controllerRevisions"],
+        c["nodes"],
+        if c["synced"] == false {
+            " (not synced yet: waiting for this node's first pod list; unknown pods keep running)"
+        } else {
+            ""
+        }
     ));
     let active = v["activeRequests"].as_array().cloned().unwrap_or_default();
     if active.is_empty() {

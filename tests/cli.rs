@@ -554,3 +554,138 @@ async fn a_restart_with_the_apiserver_unreachable_brings_the_pods_back() {
         let _ = c.remove_pod_sandbox(&sb.id).await;
     }
 }
+
+/// Polls an async condition every 200 ms, or panics after `secs`.
+async fn wait_for<F, Fut>(secs: u64, what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while !f().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out after {secs}s waiting for: {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+/// An empty cache is not a verdict: after `--reset-cache`, after a corrupt database is moved
+/// aside, and with a new data dir, all offline, the pods edgehub runs keep running (same
+/// containers). When the link returns, the pods the list confirms are adopted as they run and
+/// the one it does not have is removed.
+#[tokio::test]
+async fn an_empty_cache_offline_stops_nothing_and_the_list_adopts_what_it_confirms() {
+    use edgehub::cri::{api, labels, CriClient, CriRuntime};
+    use std::collections::HashMap;
+    let env = Env::new().await;
+    let socket = common::cri_stack();
+    let node = format!("edge-empty-{}", std::process::id());
+    let pod = |name: &str| {
+        serde_json::json!({
+            "metadata": {"name": name, "namespace": "vehicle", "uid": format!("{name}-{}", std::process::id()),
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": name, "uid": format!("ds-{name}"), "controller": true}]},
+            "spec": {"nodeName": node, "hostNetwork": true, "automountServiceAccountToken": false,
+                "terminationGracePeriodSeconds": 0,
+                "containers": [{"name": "app", "image": "127.0.0.1:5000/busybox:1.0", "imagePullPolicy": "IfNotPresent"}]}
+        })
+    };
+    let text = std::fs::read_to_string(&env.config).unwrap().replace(
+        "node_name = \"edge-1\"",
+        &format!(
+            "node_name = \"{node}\"\ncri_socket = \"{}\"",
+            socket.display()
+        ),
+    );
+    std::fs::write(&env.config, &text).unwrap();
+    let c = CriClient::new(&socket);
+    let running = |name: &str| {
+        let c = c.clone();
+        let sel = HashMap::from([(
+            labels::POD_UID.to_string(),
+            format!("{name}-{}", std::process::id()),
+        )]);
+        async move {
+            let mut ids: Vec<String> = c
+                .list_containers(sel)
+                .await
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|x| x.state == api::ContainerState::ContainerRunning as i32)
+                .map(|x| x.id)
+                .collect();
+            ids.sort();
+            ids
+        }
+    };
+
+    for variant in ["--reset-cache", "corrupt file moved aside", "new data dir"] {
+        // Online: both pods run.
+        env.server.set_offline(false).await.unwrap();
+        env.server.apply("pods", pod("keep"));
+        env.server.apply("pods", pod("gone"));
+        let mut child = env.spawn_run(&[]);
+        wait_for(30, "both pods run", || async {
+            running("keep").await.len() == 1 && running("gone").await.len() == 1
+        })
+        .await;
+        let (keep, gone) = (running("keep").await, running("gone").await);
+        kill9(&mut child);
+
+        // Offline, and the cloud no longer has one of them; the cache starts empty.
+        env.server.set_offline(true).await.unwrap();
+        env.server.remove("pods", "vehicle", "gone");
+        let args: Vec<&str> = match variant {
+            "--reset-cache" => vec!["--reset-cache"],
+            "corrupt file moved aside" => {
+                std::fs::write(env.db(), b"this is not a database, it is a vehicle").unwrap();
+                vec!["--reset-cache"]
+            }
+            _ => {
+                let fresh = env.dir.path().join("data-fresh");
+                let _ = std::fs::remove_dir_all(&fresh);
+                std::fs::write(
+                    &env.config,
+                    text.replace(
+                        &env.dir.path().join("data").display().to_string(),
+                        &fresh.display().to_string(),
+                    ),
+                )
+                .unwrap();
+                vec![]
+            }
+        };
+        let mut child = env.spawn_run(&args);
+        tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+        assert_eq!(
+            running("keep").await,
+            keep,
+            "{variant}: kept running, same container"
+        );
+        assert_eq!(
+            running("gone").await,
+            gone,
+            "{variant}: kept running, same container"
+        );
+
+        // The link returns: the list has `keep` (adopted as it runs) and not `gone`.
+        env.server.set_offline(false).await.unwrap();
+        wait_for(30, "the pod the list does not have is removed", || async {
+            running("gone").await.is_empty()
+        })
+        .await;
+        assert_eq!(
+            running("keep").await,
+            keep,
+            "{variant}: adopted without a restart"
+        );
+        kill9(&mut child);
+        std::fs::write(&env.config, &text).unwrap();
+    }
+    let mine = HashMap::from([(labels::NODE.to_string(), node.clone())]);
+    for sb in c.list_pod_sandbox(mine).await.unwrap() {
+        let _ = c.stop_pod_sandbox(&sb.id).await;
+        let _ = c.remove_pod_sandbox(&sb.id).await;
+    }
+}

@@ -906,3 +906,348 @@ async fn image_pull_secrets_open_a_private_registry() {
     remove(&e.store, &good);
     r.reconcile().await.unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// The runtime as `edgehub run` drives it: its loop in the background, the fetcher and the
+// report sender beside it.
+
+/// Runs the reconciler's loop in the background; dropping the sender stops it.
+fn spawn_loop(r: Reconciler<CriClient>) -> tokio::sync::watch::Sender<bool> {
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(r.run(Duration::from_secs(10), rx));
+    tx
+}
+
+fn runc_kill(e: &Env, id: &str) {
+    let runc_root = e.socket.parent().unwrap().join("runc/k8s.io");
+    assert!(std::process::Command::new("runc")
+        .arg("--root")
+        .arg(&runc_root)
+        .args(["kill", id, "KILL"])
+        .status()
+        .unwrap()
+        .success());
+}
+
+/// A sandbox recreated with a new address (a reboot, a crashed pause container): the status
+/// patch replaces the old IP instead of adding to it, and the apiserver refuses nothing.
+#[tokio::test]
+async fn a_new_pod_ip_replaces_the_old_one_on_the_apiserver() {
+    let e = env();
+    let (server, _kdir, client) = cloud(&e).await;
+    let cri = CriClient::new(&e.socket);
+    let id = uid("newip");
+    let mut p = pod("newip", &id, "127.0.0.1:5000/busybox:1.0");
+    p["spec"]["hostNetwork"] = json!(false);
+    server.apply("pods", p);
+    put(&e.store, &server.get("pods", "rt", "newip").unwrap());
+    let mut r = reconciler(&e, Some(client));
+    r.host_ip = Some("127.0.0.1".into());
+    let ip_of = || {
+        server.get("pods", "rt", "newip").unwrap()["status"]["podIP"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    };
+    reconcile_until(&mut r, 30, "the first IP on the apiserver", || async {
+        ip_of().starts_with("10.88.42.")
+    })
+    .await;
+    let first = ip_of();
+    // The sandbox goes; the runtime starts a new one, and CNI hands out another address.
+    for sb in cri
+        .list_pod_sandbox(HashMap::from([(labels::POD_UID.to_string(), id.clone())]))
+        .await
+        .unwrap()
+    {
+        cri.stop_pod_sandbox(&sb.id).await.unwrap();
+        cri.remove_pod_sandbox(&sb.id).await.unwrap();
+    }
+    reconcile_until(&mut r, 30, "the new IP on the apiserver", || async {
+        let ip = ip_of();
+        ip.starts_with("10.88.42.") && ip != first
+    })
+    .await;
+    let st = server.get("pods", "rt", "newip").unwrap()["status"].clone();
+    assert_eq!(st["podIPs"], json!([{"ip": ip_of()}]), "exactly the new IP");
+    assert_eq!(
+        server.count(|q| q.resource == "pods/status" && q.status != 200),
+        0,
+        "no status patch was refused"
+    );
+    remove(&e.store, &server.get("pods", "rt", "newip").unwrap());
+    r.reconcile().await.unwrap();
+}
+
+/// A registry stand-in that accepts connections and never answers.
+async fn black_hole() -> (u16, tokio::task::JoinHandle<()>) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = l.accept().await {
+            held.push(s);
+        }
+    });
+    (port, task)
+}
+
+/// One pod's pull hangs; another pod's container dies meanwhile and is back within its
+/// backoff. The hanging pod gets its pull error at the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_pull_holds_up_no_other_pod() {
+    let e = env();
+    let (server, _kdir, client) = cloud(&e).await;
+    let (port, _hole) = black_hole().await;
+    let cri = CriClient::new(&e.socket);
+    let (hang_id, live_id) = (uid("hang"), uid("live"));
+    let mut hang = pod("hang", &hang_id, &format!("127.0.0.1:{port}/hang:1.0"));
+    hang["spec"]["containers"][0]["imagePullPolicy"] = json!("Always");
+    server.apply("pods", hang);
+    server.apply("pods", pod("live", &live_id, "127.0.0.1:5000/busybox:1.0"));
+    put(&e.store, &server.get("pods", "rt", "live").unwrap());
+    let mut r = reconciler(&e, Some(client));
+    r.cri = Arc::new(CriClient::new(&e.socket).with_pull_deadline(Duration::from_secs(8)));
+    let stop = spawn_loop(r);
+    common::wait_until(30, "the live pod runs", || {
+        futures_now(running(&cri, &live_id)).len() == 1
+    })
+    .await;
+    let before = running(&cri, &live_id).await[0].id.clone();
+    // The hanging pod arrives and its pull starts; then the live pod's container dies.
+    put(&e.store, &server.get("pods", "rt", "hang").unwrap());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let killed_at = std::time::Instant::now();
+    runc_kill(&e, &before);
+    common::wait_until(
+        10,
+        "the killed container is back while the pull hangs",
+        || {
+            futures_now(running(&cri, &live_id))
+                .iter()
+                .any(|c| c.id != before)
+        },
+    )
+    .await;
+    eprintln!(
+        "killed container back after {:?} (backoff 300 ms) with a pull hanging",
+        killed_at.elapsed()
+    );
+    assert!(
+        containers_of(&cri, &hang_id).await.is_empty(),
+        "still pulling"
+    );
+    assert!(
+        !server.get("pods", "rt", "hang").unwrap()["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["reason"] == "ErrImagePull"),
+        "the other pod did not wait for the pull to fail"
+    );
+    common::wait_until(20, "the hanging pod reports ErrImagePull", || {
+        server.get("pods", "rt", "hang").unwrap()["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["reason"] == "ErrImagePull")
+    })
+    .await;
+    drop(stop);
+    for p in ["hang", "live"] {
+        remove(&e.store, &server.get("pods", "rt", p).unwrap());
+    }
+    reconciler(&e, None).reconcile().await.unwrap();
+}
+
+/// Runs a future to completion from a synchronous closure (the polling helpers take one).
+fn futures_now<F: std::future::Future>(f: F) -> F::Output {
+    tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
+}
+
+/// With the Node authorizer lagging 2 s behind a pod's binding, a new pod with a ConfigMap
+/// and the token volume runs within about that lag, not after the fetcher's long retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_pod_runs_soon_after_the_authorizer_catches_up() {
+    let e = env();
+    let (server, _kdir, client) = cloud(&e).await;
+    server.seed_recorded_cluster();
+    server.remove("pods", "vehicle", "gateway-v9hb2");
+    server.set_authorizer_lag(Duration::from_secs(2));
+    let cri = CriClient::new(&e.socket);
+    spawn_fetcher(&e, &client, Duration::from_secs(60));
+    let stop = spawn_loop(reconciler(&e, Some(client)));
+    // The pod is bound now (the lag counts from here) and reaches the cache at once.
+    let id = uid("lag");
+    server.modify("pods", "vehicle", "telemetry-sv74m", |p| {
+        p["metadata"]["uid"] = json!(id)
+    });
+    let arrived = std::time::Instant::now();
+    put(
+        &e.store,
+        &server.get("pods", "vehicle", "telemetry-sv74m").unwrap(),
+    );
+    common::wait_until(6, "the pod runs", || {
+        futures_now(running(&cri, &id)).len() == 2
+    })
+    .await;
+    eprintln!(
+        "pod with a ConfigMap and a token running {:?} after it arrived (authorizer lag 2 s)",
+        arrived.elapsed()
+    );
+    assert!(server.count(|q| q.status == 403) >= 1, "the lag was hit");
+    drop(stop);
+    remove(
+        &e.store,
+        &server.get("pods", "vehicle", "telemetry-sv74m").unwrap(),
+    );
+    reconciler(&e, None).reconcile().await.unwrap();
+}
+
+/// Two probed pods, settled and idle for a minute: not one status patch. Then one pod's
+/// readiness flips: exactly one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_node_patches_nothing_and_a_flip_patches_once() {
+    let e = env();
+    let (server, _kdir, client) = cloud(&e).await;
+    let cri = CriClient::new(&e.socket);
+    let names = ["quiet-a", "quiet-b"];
+    let mut ids = Vec::new();
+    for n in names {
+        let id = uid(n);
+        let mut p = pod(n, &id, "127.0.0.1:5000/busybox:1.0");
+        p["spec"]["containers"][0]["command"] =
+            json!(["sh", "-c", "touch /tmp/ready; while true; do sleep 1; done"]);
+        p["spec"]["containers"][0]["readinessProbe"] = json!({
+            "exec": {"command": ["cat", "/tmp/ready"]}, "periodSeconds": 1, "failureThreshold": 1});
+        server.apply("pods", p);
+        put(&e.store, &server.get("pods", "rt", n).unwrap());
+        ids.push(id);
+    }
+    let mut r = reconciler(&e, Some(client));
+    r.host_ip = Some("127.0.0.1".into());
+    let stop = spawn_loop(r);
+    common::wait_until(30, "both pods Ready on the apiserver", || {
+        names
+            .iter()
+            .all(|n| ready_of(&server, n) == ("True".to_string(), true))
+    })
+    .await;
+    // The cache follows the apiserver, as the watch would.
+    for n in names {
+        put(&e.store, &server.get("pods", "rt", n).unwrap());
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    server.clear_log();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    eprintln!("requests in 60 idle seconds: {:?}", server.count_by_verb());
+    assert_eq!(server.count(|_| true), 0, "an idle node sends nothing");
+    let c = running(&cri, &ids[0]).await[0].clone();
+    exec(&cri, &c.id, &["/bin/busybox", "rm", "/tmp/ready"]).await;
+    common::wait_until(10, "the flip reaches the apiserver", || {
+        ready_of(&server, names[0]).0 == "False"
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        server.count(|q| q.resource == "pods/status"),
+        1,
+        "{:?}",
+        server.count_by_verb()
+    );
+    drop(stop);
+    for n in names {
+        remove(&e.store, &server.get("pods", "rt", n).unwrap());
+    }
+    reconciler(&e, None).reconcile().await.unwrap();
+}
+
+fn mount_type(path: &Path) -> Option<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    info.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        let dash = f.iter().position(|x| *x == "-")?;
+        (Path::new(f[4]) == path).then(|| f[dash + 1].to_string())
+    })
+}
+
+/// Secret and token volumes live on a tmpfs, never on flash; a pod that leaves the cache
+/// without a deletion takes its directory (and those mounts) with it once its sandbox is gone.
+#[tokio::test]
+async fn secrets_stay_in_memory_and_a_gone_pods_directory_is_removed() {
+    let e = env();
+    let (server, _kdir, client) = cloud(&e).await;
+    let cri = CriClient::new(&e.socket);
+    let id = uid("secret");
+    let mut p = pod("secret", &id, "127.0.0.1:5000/busybox:1.0");
+    p["spec"]["volumes"] = json!([{"name": "creds", "secret": {"secretName": "creds"}},
+                                  {"name": "cfg", "configMap": {"name": "cfg"}}]);
+    p["spec"]["containers"][0]["volumeMounts"] = json!([
+        {"name": "creds", "mountPath": "/creds"}, {"name": "cfg", "mountPath": "/cfg"}]);
+    server.apply("pods", p);
+    server.apply(
+        "secrets",
+        json!({"metadata": {"name": "creds", "namespace": "rt"}, "data": {"pw": "c2VjcmV0"}}),
+    );
+    server.apply(
+        "configmaps",
+        json!({"metadata": {"name": "cfg", "namespace": "rt"}, "data": {"a": "b"}}),
+    );
+    put(&e.store, &server.get("pods", "rt", "secret").unwrap());
+    spawn_fetcher(&e, &client, Duration::from_secs(60));
+    let mut r = reconciler(&e, Some(client));
+    reconcile_until(&mut r, 30, "the pod runs", || async {
+        running(&cri, &id).await.len() == 1
+    })
+    .await;
+    let dir = e.data.join("pods").join(&id);
+    let secret = dir.join("volumes/secret/creds");
+    assert_eq!(mount_type(&secret).as_deref(), Some("tmpfs"));
+    assert_eq!(
+        mount_type(&dir.join("volumes/configmap/cfg")),
+        None,
+        "ConfigMaps stay on disk, as the kubelet keeps them"
+    );
+    let c = &running(&cri, &id).await[0];
+    assert_eq!(exec(&cri, &c.id, &["cat", "/creds/pw"]).await, "secret");
+
+    // The pod leaves the cache without a deletion (a relist no longer has it).
+    remove(&e.store, &server.get("pods", "rt", "secret").unwrap());
+    let pass = r.reconcile().await.unwrap();
+    assert_eq!(pass.pods_removed, 1);
+    assert!(
+        dir.exists(),
+        "the directory waits for the sandbox to be gone"
+    );
+    r.reconcile().await.unwrap();
+    assert!(!dir.exists(), "then it goes");
+    assert_eq!(mount_type(&secret), None, "and the tmpfs with it");
+}
+
+/// A warning that repeats is one Event with a growing count (the kubelet's series), not a
+/// new Event, and not a dropped one.
+#[tokio::test]
+async fn a_repeated_warning_bumps_the_events_count() {
+    let e = env();
+    let (server, _kdir, client) = cloud(&e).await;
+    let id = uid("nope");
+    server.apply(
+        "pods",
+        pod("nope", &id, "127.0.0.1:5000/does-not-exist:1.0"),
+    );
+    put(&e.store, &server.get("pods", "rt", "nope").unwrap());
+    let mut r = reconciler(&e, Some(client));
+    reconcile_until(&mut r, 30, "the Event's count grows", || async {
+        server
+            .get("events", "rt", "nope.edgehub-errimagepull")
+            .is_some_and(|ev| ev["count"].as_i64().unwrap_or(0) >= 3)
+    })
+    .await;
+    assert_eq!(
+        server.count(|q| q.verb == "create" && q.resource == "events" && q.status == 201),
+        1
+    );
+    assert!(server.count(|q| q.verb == "patch" && q.resource == "events") >= 1);
+    remove(&e.store, &server.get("pods", "rt", "nope").unwrap());
+    r.reconcile().await.unwrap();
+}

@@ -53,18 +53,6 @@ async fn refresh(e: &mut Env) -> edgehub::sources::fetch::FetchStats {
     e.fetcher.refresh(&refs).await.unwrap()
 }
 
-/// Waits for `f` to hold, or fails after `secs`.
-async fn eventually(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
-    while !f() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out after {secs}s waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// Lists of ConfigMaps or Secrets not narrowed to one name: the Node authorizer refuses them.
 fn plain_lists(s: &FakeApiServer) -> usize {
     s.count(|q| {
@@ -123,7 +111,7 @@ async fn the_recorded_pods_sources_are_watched_by_name_and_tokens_renewed_late()
         .modify("configmaps", "vehicle", "telemetry-cfg", |c| {
             c["data"]["app.conf"] = serde_json::json!("level=trace\n")
         });
-    eventually(5, "the edit is cached", || {
+    common::wait_until(5, "the edit is cached", || {
         e.store
             .get_source("configmaps", "vehicle", "telemetry-cfg")
             .unwrap()
@@ -186,7 +174,7 @@ async fn offline_keeps_the_cache_and_gone_pods_take_their_sources_with_them() {
     // An object the apiserver does not have is remembered as absent; one the node may not
     // read (not referenced by any of its pods on the server's side) is a failure, retried.
     e.server.remove("configmaps", "vehicle", "telemetry-cfg");
-    eventually(10, "the deletion is cached as absent", || {
+    common::wait_until(10, "the deletion is cached as absent", || {
         e.store
             .get_source("configmaps", "vehicle", "telemetry-cfg")
             .unwrap()
@@ -246,7 +234,7 @@ async fn the_authorizers_lag_is_retried_quickly() {
     let fetcher = Fetcher::new(e.client.clone(), e.store.clone());
     assert_eq!(fetcher.retry, Duration::from_secs(10));
     let task = tokio::spawn(fetcher.run(rx));
-    eventually(6, "the ConfigMap is cached", || {
+    common::wait_until(6, "the ConfigMap is cached", || {
         e.store
             .get_source("configmaps", "vehicle", "telemetry-cfg")
             .unwrap()

@@ -159,6 +159,10 @@ pub fn status(state: &ApiState) -> Reply {
         Err(e) => return Reply::internal("Get status failed", &e),
     };
     let cri = state.cri.borrow().clone();
+    let synced = match cache_synced(state) {
+        Ok(s) => s,
+        Err(e) => return Reply::internal("Get status failed", &e),
+    };
     let body = json!({
         "node": state.node_name,
         "link": link_json(&state.link.borrow()),
@@ -166,7 +170,8 @@ pub fn status(state: &ApiState) -> Reply {
             crate::cri::CriHealth::Ready { version } => json!({"state": "Ready", "version": version}),
             other => json!({"state": "Unavailable", "reason": other.problem()}),
         },
-        "cache": {"pods": pods, "daemonSets": ds, "controllerRevisions": crs, "nodes": nodes},
+        "cache": {"pods": pods, "daemonSets": ds, "controllerRevisions": crs, "nodes": nodes,
+            "synced": synced},
         "activeRequests": active.iter().map(record_json).collect::<Vec<_>>(),
     });
     Reply::json(200, body.to_string())
@@ -175,13 +180,26 @@ pub fn status(state: &ApiState) -> Reply {
 /// `GET /v1/readyz`: ready when the store and the container runtime answer; otherwise 503
 /// saying which does not.
 pub fn readyz(state: &ApiState) -> Reply {
-    if let Err(e) = state.store.count(Kind::Node) {
-        return Reply::text(503, format!("store: {e}"));
-    }
+    let synced = match cache_synced(state) {
+        Ok(s) => s,
+        Err(e) => return Reply::text(503, format!("store: {e}")),
+    };
     match state.cri.borrow().problem() {
-        None => Reply::text(200, "ok"),
+        None if synced => Reply::text(200, "ok"),
+        None => Reply::text(200, format!("ok; {UNSYNCED}")),
         Some(p) => Reply::text(503, format!("cri: {p}")),
     }
+}
+
+const UNSYNCED: &str = "cache not synced yet: this node's pod list has not completed since \
+the cache was created, so pods it does not know keep running";
+
+/// Whether the cache has seen this node's pod list (the runtime's "sources ready").
+fn cache_synced(state: &ApiState) -> Result<bool, crate::store::StoreError> {
+    Ok(state
+        .store
+        .cursor(&crate::sync::pods_cursor_key(&state.node_name))?
+        .is_some())
 }
 
 /// `GET /metrics`: Prometheus text.

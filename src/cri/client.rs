@@ -13,7 +13,7 @@ use tonic::transport::{Channel, Endpoint, Uri};
 /// Deadline of ordinary calls.
 const CALL: Duration = Duration::from_secs(10);
 /// Deadline of an image pull (a cellular link can be slow).
-const PULL: Duration = Duration::from_secs(300);
+pub const PULL_DEADLINE: Duration = Duration::from_secs(300);
 /// A sandbox start may pull the pause image and set up networking.
 const SANDBOX: Duration = Duration::from_secs(120);
 
@@ -24,6 +24,7 @@ pub struct CriClient {
     socket: PathBuf,
     runtime: RuntimeServiceClient<Channel>,
     images: ImageServiceClient<Channel>,
+    pull_deadline: Duration,
 }
 
 impl std::fmt::Debug for CriClient {
@@ -54,7 +55,14 @@ impl CriClient {
             socket: socket.to_path_buf(),
             runtime: RuntimeServiceClient::new(channel.clone()),
             images: ImageServiceClient::new(channel),
+            pull_deadline: PULL_DEADLINE,
         }
+    }
+
+    /// The same client with another deadline for image pulls.
+    pub fn with_pull_deadline(mut self, d: Duration) -> CriClient {
+        self.pull_deadline = d;
+        self
     }
 
     /// Connects and checks that the runtime speaks CRI v1.
@@ -166,7 +174,9 @@ impl CriRuntime for CriClient {
             sandbox_config: None,
         };
         let r = self
-            .call("PullImage", PULL, || c.pull_image(req(msg, PULL)))
+            .call("PullImage", self.pull_deadline, || {
+                c.pull_image(req(msg, self.pull_deadline))
+            })
             .await?;
         Ok(r.image_ref)
     }

@@ -133,6 +133,9 @@ pub struct Reconciler<R: CriRuntime> {
     pub backoff: BackoffPolicy,
     /// Pods whose actions run at once.
     pub parallel: usize,
+    /// How often the runtime is relisted to notice exits, as the kubelet's PLEG does; a pass
+    /// follows only when something changed.
+    pub relist: Duration,
     pub locks: PodLocks,
     observer: Observer,
     restarts: HashMap<(String, String), Restarts>,
@@ -149,6 +152,8 @@ pub struct Reconciler<R: CriRuntime> {
     /// The runtime failed on the last pass (logged once).
     failing: bool,
     warned_unsynced: bool,
+    /// What the last snapshot looked like, so an unchanged relist is not a full pass.
+    last_seen: u64,
 }
 
 impl<R: CriRuntime + 'static> Reconciler<R> {
@@ -168,6 +173,7 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
             host_ip: None,
             backoff: BackoffPolicy::default(),
             parallel: 4,
+            relist: Duration::from_secs(1),
             locks: PodLocks::default(),
             observer: Observer::default(),
             restarts: HashMap::new(),
@@ -180,6 +186,7 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
             task_pods: HashMap::new(),
             failing: false,
             warned_unsynced: false,
+            last_seen: 0,
         }
     }
 
@@ -189,23 +196,27 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
         let mut changes = self.store.subscribe();
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut relist = tokio::time::interval(self.relist.max(Duration::from_millis(100)));
+        relist.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let probe_at = probe_wake(self.next_probe_at(), Instant::now());
-            let probe_due = async move {
-                match probe_at {
+            let wake_at = probe_wake(self.next_wake(), Instant::now());
+            let due = async move {
+                match wake_at {
                     Some(t) => tokio::time::sleep_until(t.into()).await,
                     None => std::future::pending().await,
                 }
             };
             let mut pass = Pass::default();
+            let mut forced = true;
             tokio::select! {
                 _ = tick.tick() => {}
-                _ = probe_due => {}
+                _ = relist.tick() => forced = false,
+                _ = due => {}
                 r = changes.changed() => { if r.is_err() { break; } }
                 Some(done) = self.tasks.join_next_with_id() => self.finished(done, &mut pass),
                 _ = shutdown.changed() => break,
             }
-            let result = self.pass(false, &mut pass).await;
+            let result = self.pass_if(forced, false, &mut pass).await;
             self.log_pass(result, &pass);
         }
         // Tasks in flight finish their step (a stop, a pull); nothing new starts.
@@ -246,12 +257,16 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
         Ok(pass)
     }
 
-    /// When the next probe is due, so the loop wakes for it.
-    fn next_probe_at(&self) -> Option<Instant> {
-        self.probes
+    /// When the next probe or the end of a backoff is due, so the loop wakes for it.
+    fn next_wake(&self) -> Option<Instant> {
+        let probes = self.probes.values().filter_map(ContainerProbes::next_due);
+        let waits = self
+            .restarts
             .values()
-            .filter_map(ContainerProbes::next_due)
-            .min()
+            .chain(self.refused.values())
+            .filter_map(|r| r.next_allowed)
+            .filter(|t| *t > Instant::now());
+        probes.chain(waits).min()
     }
 
     fn finished(
@@ -278,6 +293,17 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
     }
 
     async fn pass(&mut self, wait: bool, pass: &mut Pass) -> Result<(), RuntimeError> {
+        self.pass_if(true, wait, pass).await
+    }
+
+    /// A pass; unless `forced`, only when the runtime's state changed since the last one (an
+    /// idle relist reads the CRI and nothing else).
+    async fn pass_if(
+        &mut self,
+        forced: bool,
+        wait: bool,
+        pass: &mut Pass,
+    ) -> Result<(), RuntimeError> {
         while let Some(done) = self.tasks.try_join_next_with_id() {
             self.finished(done, pass);
         }
@@ -286,6 +312,11 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
             .observer
             .observe(&*self.cri, &self.node_name, &self.data_dir.join("pods"))
             .await?;
+        let seen = snapshot.fingerprint();
+        if !forced && seen == self.last_seen {
+            return Ok(());
+        }
+        self.last_seen = seen;
         let sources_ready = self
             .store
             .cursor(&crate::sync::pods_cursor_key(&self.node_name))?
@@ -481,9 +512,11 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
                 if self.reported.get(&o.uid) != Some(&message) {
                     tracing::warn!(pod = %pod.index.name, namespace = %pod.index.namespace, reason,
                         error = %message, "the pod was refused; retrying");
-                    self.queue_warning(pod, reason, &message)?;
                     self.reported.insert(o.uid.clone(), message.clone());
                 }
+                // Every refusal counts: the Event's count grows with each retry, as the
+                // kubelet's BackOff events do (the crash-loop backoff bounds how often).
+                self.queue_warning(pod, reason, &message)?;
                 self.queue_status_of(pod, status::blocked_status(reason, &message))?;
                 pass.failed.push((pod.index.name.clone(), message));
             }

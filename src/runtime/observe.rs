@@ -58,6 +58,22 @@ impl Snapshot {
         PodObserved { snap: self, uid }
     }
 
+    /// A digest of the objects and their states: equal digests, nothing to react to.
+    pub fn fingerprint(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut items: Vec<(&str, i32)> = self
+            .sandboxes
+            .iter()
+            .map(|s| (s.id.as_str(), s.state))
+            .chain(self.containers.iter().map(|c| (c.id.as_str(), c.state)))
+            .collect();
+        items.sort_unstable();
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        items.hash(&mut h);
+        self.pod_dirs.len().hash(&mut h);
+        h.finish()
+    }
+
     /// Pod uids of the sandboxes in the snapshot.
     pub fn sandbox_uids(&self) -> HashSet<&str> {
         self.sandboxes
