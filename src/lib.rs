@@ -33,4 +33,5 @@ pub mod sources;
 pub mod store;
 pub mod sync;
 pub mod time;
+pub mod upgrade;
 pub mod volumes;

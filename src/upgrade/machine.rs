@@ -1,0 +1,352 @@
+//! The upgrade's state machine, pure: from the journal row, what the container runtime shows
+//! of the pod, and the time, to the one next [`Step`].
+//!
+//! Nothing is remembered between steps but the journal: every step is derived again from the
+//! runtime's actual state, so a step that was cut short by a crash or a power cut is simply
+//! decided again, and every step is idempotent. The containers an upgrade creates carry its
+//! upgrade id as a label; that is how "new" and "old" are told apart after a restart.
+//!
+//! ```text
+//! Requested -> Pulling -> Swapping -> Verifying -> Committed -> Done
+//!                 |          |            |
+//!                 +----------+------------+--> RollingBack -> RolledBack
+//!                                                   |
+//!                                                   +--> Failed (even the rollback failed)
+//! ```
+
+use std::time::Duration;
+
+/// Where an upgrade is. Stored as its name in the journal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum State {
+    Requested,
+    /// The target images are on the node, or being pulled.
+    Pulling,
+    /// For each changed container: create the new one, stop the old one, start the new one.
+    Swapping,
+    /// The new containers run (and are ready) continuously for minReadySeconds.
+    Verifying,
+    /// The new revision is the pod's; the old containers are being removed.
+    Committed,
+    Done,
+    /// Undoing: the new containers go, the old spec runs again.
+    RollingBack,
+    RolledBack,
+    /// Even the rollback failed; the error says why.
+    Failed,
+}
+
+impl State {
+    pub const ALL: [State; 9] = [
+        State::Requested,
+        State::Pulling,
+        State::Swapping,
+        State::Verifying,
+        State::Committed,
+        State::Done,
+        State::RollingBack,
+        State::RolledBack,
+        State::Failed,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Requested => "Requested",
+            State::Pulling => "Pulling",
+            State::Swapping => "Swapping",
+            State::Verifying => "Verifying",
+            State::Committed => "Committed",
+            State::Done => "Done",
+            State::RollingBack => "RollingBack",
+            State::RolledBack => "RolledBack",
+            State::Failed => "Failed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<State> {
+        State::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(self, State::Done | State::RolledBack | State::Failed)
+    }
+}
+
+impl std::fmt::Display for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How long each state may last (configurable; `[upgrade]` in the config file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadlines {
+    pub pulling: Duration,
+    pub swapping: Duration,
+    /// On top of the time the new containers must hold (minReadySeconds).
+    pub verifying: Duration,
+    pub committing: Duration,
+    pub rolling_back: Duration,
+}
+
+impl Default for Deadlines {
+    fn default() -> Self {
+        Deadlines {
+            pulling: Duration::from_secs(600),
+            swapping: Duration::from_secs(120),
+            verifying: Duration::from_secs(120),
+            committing: Duration::from_secs(60),
+            rolling_back: Duration::from_secs(120),
+        }
+    }
+}
+
+impl Deadlines {
+    /// How long `state` may last; `hold` is how long the new containers must stay ready.
+    pub fn of(&self, state: State, hold: Duration) -> Option<Duration> {
+        match state {
+            State::Requested => None,
+            State::Pulling => Some(self.pulling),
+            State::Swapping => Some(self.swapping),
+            State::Verifying => Some(self.verifying + hold),
+            State::Committed => Some(self.committing),
+            State::RollingBack => Some(self.rolling_back),
+            State::Done | State::RolledBack | State::Failed => None,
+        }
+    }
+}
+
+/// The journal row, as the machine needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Journal {
+    pub state: State,
+    /// When the current state must be over (unix ms).
+    pub deadline_ms: Option<i64>,
+    /// Since when every new container has been running and ready, in Verifying (unix ms).
+    pub ready_since_ms: Option<i64>,
+    /// How long they must hold: minReadySeconds, at least the configured floor.
+    pub hold: Duration,
+}
+
+/// A container as the machine sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    pub id: String,
+    pub state: Run,
+    /// The readiness verdict where the container has a readiness probe; `None` without one.
+    pub ready: Option<bool>,
+    pub exit_code: i32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Run {
+    Created,
+    Running,
+    Exited,
+    Unknown,
+}
+
+/// One container the upgrade replaces: the one running the old spec (newest attempt without
+/// this upgrade's label) and the one this upgrade created, if any.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pair {
+    pub name: String,
+    pub old: Option<Seen>,
+    pub new: Option<Seen>,
+}
+
+/// What the runtime shows of the pod, for the containers the upgrade replaces.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observed {
+    /// Target images not on the node yet.
+    pub missing_images: Vec<String>,
+    pub pairs: Vec<Pair>,
+    /// The pod has a ready sandbox to swap containers in.
+    pub sandbox_ready: bool,
+}
+
+/// The one next thing to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Compare-and-set the journal to this state (with an error, for rollbacks and failures).
+    Go(State, Option<String>),
+    Pull(Vec<String>),
+    /// Create the new container for this name (from the target spec, labelled with the
+    /// upgrade id), not started yet.
+    CreateNew(String),
+    StopOld(String),
+    /// Start a created container (the new one while swapping, a restored one in rollback).
+    Start(String),
+    StopNew(String),
+    RemoveNew(String),
+    /// Create and start a container from the old spec for this name, removing the stopped old
+    /// one it replaces (a stopped container cannot start again).
+    RestoreOld {
+        name: String,
+        replace: Option<String>,
+    },
+    RemoveOld(String),
+    /// Record since when all new containers have been ready (`None`: they are not).
+    MarkReady(Option<i64>),
+    /// Nothing to do until the runtime changes or time passes.
+    Wait,
+}
+
+fn past(deadline: Option<i64>, now_ms: i64) -> bool {
+    deadline.is_some_and(|d| now_ms >= d)
+}
+
+fn exited(s: &Option<Seen>) -> Option<&Seen> {
+    s.as_ref().filter(|s| s.state == Run::Exited)
+}
+
+/// The next step of an upgrade.
+pub fn next(j: &Journal, o: &Observed, now_ms: i64) -> Step {
+    let overdue = past(j.deadline_ms, now_ms);
+    match j.state {
+        State::Requested => Step::Go(State::Pulling, None),
+        State::Pulling => {
+            if o.missing_images.is_empty() {
+                Step::Go(State::Swapping, None)
+            } else if overdue {
+                // Nothing has changed yet: the pod still runs its old revision.
+                Step::Go(
+                    State::RolledBack,
+                    Some(format!(
+                        "images not pulled in time: {}",
+                        o.missing_images.join(", ")
+                    )),
+                )
+            } else {
+                Step::Pull(o.missing_images.clone())
+            }
+        }
+        State::Swapping => {
+            if overdue {
+                return Step::Go(
+                    State::RollingBack,
+                    Some("the swap did not finish in time".into()),
+                );
+            }
+            if !o.sandbox_ready {
+                return Step::Go(
+                    State::RollingBack,
+                    Some("the pod's sandbox is not ready".into()),
+                );
+            }
+            for p in &o.pairs {
+                if let Some(n) = exited(&p.new) {
+                    return Step::Go(
+                        State::RollingBack,
+                        Some(format!(
+                            "new container {} exited with code {}",
+                            p.name, n.exit_code
+                        )),
+                    );
+                }
+                let Some(n) = &p.new else {
+                    return Step::CreateNew(p.name.clone());
+                };
+                if let Some(old) = p.old.as_ref().filter(|o| o.state == Run::Running) {
+                    return Step::StopOld(old.id.clone());
+                }
+                if n.state == Run::Created {
+                    return Step::Start(n.id.clone());
+                }
+            }
+            Step::Go(State::Verifying, None)
+        }
+        State::Verifying => {
+            for p in &o.pairs {
+                match &p.new {
+                    None => {
+                        return Step::Go(
+                            State::RollingBack,
+                            Some(format!("new container {} is gone", p.name)),
+                        )
+                    }
+                    Some(n) if n.state == Run::Exited => {
+                        return Step::Go(
+                            State::RollingBack,
+                            Some(format!(
+                                "new container {} exited with code {}",
+                                p.name, n.exit_code
+                            )),
+                        )
+                    }
+                    Some(_) => {}
+                }
+            }
+            let all_ready = o.pairs.iter().all(|p| {
+                p.new
+                    .as_ref()
+                    .is_some_and(|n| n.state == Run::Running && n.ready != Some(false))
+            });
+            if overdue {
+                let why = if all_ready {
+                    "the new containers did not stay ready long enough in time".to_string()
+                } else {
+                    let not: Vec<&str> = o
+                        .pairs
+                        .iter()
+                        .filter(|p| p.new.as_ref().is_none_or(|n| n.ready == Some(false)))
+                        .map(|p| p.name.as_str())
+                        .collect();
+                    format!("not ready in time: {}", not.join(", "))
+                };
+                return Step::Go(State::RollingBack, Some(why));
+            }
+            match (all_ready, j.ready_since_ms) {
+                (false, None) => Step::Wait,
+                (false, Some(_)) => Step::MarkReady(None),
+                (true, None) => Step::MarkReady(Some(now_ms)),
+                (true, Some(since)) if now_ms - since >= j.hold.as_millis() as i64 => {
+                    Step::Go(State::Committed, None)
+                }
+                (true, Some(_)) => Step::Wait,
+            }
+        }
+        State::Committed => {
+            // The old containers go; one whose new container vanished stays for the runtime
+            // to replace, so the pod is never left with nothing.
+            for p in &o.pairs {
+                if let (Some(old), Some(_)) = (&p.old, &p.new) {
+                    return Step::RemoveOld(old.id.clone());
+                }
+            }
+            Step::Go(State::Done, None)
+        }
+        State::RollingBack => {
+            if overdue {
+                return Step::Go(
+                    State::Failed,
+                    Some("the rollback did not finish in time".into()),
+                );
+            }
+            for p in &o.pairs {
+                if let Some(n) = &p.new {
+                    if matches!(n.state, Run::Running | Run::Unknown) {
+                        return Step::StopNew(n.id.clone());
+                    }
+                    return Step::RemoveNew(n.id.clone());
+                }
+                match &p.old {
+                    Some(old) if old.state == Run::Running => {}
+                    Some(old) if old.state == Run::Created => return Step::Start(old.id.clone()),
+                    old => {
+                        return Step::RestoreOld {
+                            name: p.name.clone(),
+                            replace: old.as_ref().map(|o| o.id.clone()),
+                        }
+                    }
+                }
+            }
+            Step::Go(State::RolledBack, None)
+        }
+        State::Done | State::RolledBack | State::Failed => Step::Wait,
+    }
+}
+
+#[cfg(test)]
+#[path = "machine_tests.rs"]
+mod tests;

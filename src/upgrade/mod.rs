@@ -1,0 +1,3 @@
+//! The upgrade engine.
+
+pub mod machine;
