@@ -46,7 +46,22 @@ async fn node(tag: &str) -> Node {
     store
         .set_cursor(&edgehub::sync::pods_cursor_key(&name), "1")
         .expect("cursor");
-    let client = common::client(&common::test_config(&data, &kc));
+    // The shipped timeouts (the tests' are short): a watch idles up to 120 s, and the fake
+    // apiserver sends a bookmark every 60 s, as a real one does.
+    let config = edgehub::config::Config::resolve(
+        Some(""),
+        Path::new("bench.toml"),
+        &[],
+        &edgehub::config::Overrides {
+            node_name: Some("edge-1".into()),
+            data_dir: Some(data.clone()),
+            kubeconfig: Some(kc),
+            ..Default::default()
+        },
+        None,
+    )
+    .expect("config");
+    let client = common::client(&config);
     Node {
         server,
         store,
@@ -118,11 +133,13 @@ impl Node {
     }
 }
 
-fn simple_pod(name: &str, uid: &str, node: &str, image: &str) -> Value {
+/// A pod bound to `edge-1`, the identity the fake apiserver's node token carries (the
+/// runtime's own node name, which labels its CRI objects, is separate).
+fn simple_pod(name: &str, uid: &str, image: &str) -> Value {
     json!({
         "metadata": {"name": name, "namespace": "bench", "uid": uid, "resourceVersion": "1",
             "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "ds", "uid": "ds", "controller": true}]},
-        "spec": {"nodeName": node, "hostNetwork": true, "automountServiceAccountToken": false,
+        "spec": {"nodeName": "edge-1", "hostNetwork": true, "automountServiceAccountToken": false,
             "terminationGracePeriodSeconds": 0,
             "containers": [{"name": "app", "image": image, "imagePullPolicy": "IfNotPresent",
                 "command": ["sh", "-c", "touch /tmp/ready; while true; do sleep 1; done"]}]},
@@ -157,7 +174,6 @@ async fn start_with_sources(socket: &Path, lag: Duration, round: usize) -> f64 {
     let uid = format!("bench-start-{round}-{}", std::process::id());
     n.server.modify("pods", "vehicle", "telemetry-sv74m", |p| {
         p["metadata"]["uid"] = json!(uid);
-        p["spec"]["nodeName"] = json!(n.name.clone());
     });
     n.start(socket, BackoffPolicy::default(), Duration::from_secs(300));
     let t = Instant::now();
@@ -232,7 +248,6 @@ async fn idle_minute(socket: &Path, pods: usize) -> BTreeCount {
         let mut p = simple_pod(
             &name,
             &format!("bench-idle-{i}-{}", std::process::id()),
-            &n.name,
             IMAGE,
         );
         p["spec"]["automountServiceAccountToken"] = json!(true);
@@ -281,7 +296,7 @@ async fn restart_latency(socket: &Path, hanging: bool, round: usize) -> f64 {
     let mut n = node(&format!("restart{round}{hanging}")).await;
     let c = CriClient::new(socket);
     let live_uid = format!("bench-live-{round}-{hanging}-{}", std::process::id());
-    n.put(&simple_pod("live", &live_uid, &n.name.clone(), IMAGE));
+    n.put(&simple_pod("live", &live_uid, IMAGE));
     let _hole = if hanging {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -296,7 +311,6 @@ async fn restart_latency(socket: &Path, hanging: bool, round: usize) -> f64 {
         let mut p = simple_pod(
             "hang",
             &format!("bench-hang-{round}-{}", std::process::id()),
-            &n.name.clone(),
             &format!("127.0.0.1:{port}/hang:1.0"),
         );
         p["spec"]["containers"][0]["imagePullPolicy"] = json!("Always");

@@ -185,6 +185,23 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
     reconciler.host_ip = node::server_host_port(client.server())
         .and_then(|a| node::local_ip_towards(&a))
         .map(|ip| ip.to_string());
+    // The upgrade engine shares the runtime's pod locks, and holds the pods of unfinished
+    // upgrades before the runtime's first pass (after a crash, a half-swapped pod is the
+    // engine's to finish or roll back, not the runtime's to "repair").
+    let engine = Arc::new(edgehub::upgrade::Engine {
+        cri: Arc::new(CriClient::new(&config.cri_socket)),
+        store: store.clone(),
+        locks: reconciler.locks.clone(),
+        node_name: config.node_name.clone(),
+        data_dir: config.data_dir.clone(),
+        host_ip: reconciler.host_ip.clone(),
+        config: edgehub::upgrade::UpgradeConfig::default(),
+    });
+    let resumed = engine.claim_active()?;
+    if resumed > 0 {
+        tracing::info!(upgrades = resumed, "resuming unfinished upgrades");
+    }
+    let engine_task = tokio::spawn(engine.run(shutdown_rx.clone()));
     let runtime_task =
         tokio::spawn(reconciler.run(std::time::Duration::from_secs(10), shutdown_rx.clone()));
     // What the pods reference (ConfigMaps, Secrets, tokens), fetched beside the runtime.
@@ -230,6 +247,7 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
     }
     let _ = node_task.await;
     let _ = runtime_task.await;
+    let _ = engine_task.await;
     let _ = sources_task.await;
     let _ = report_task.await;
     sync.join().await;

@@ -40,9 +40,12 @@ impl<'s> Decider<'s> {
 
     /// The decision for a cached pod, from its index alone.
     pub fn decide(&mut self, pod: &ObjectIndex) -> Result<Need, StoreError> {
+        // What the device runs is the truth: an upgrade committed here counts before the
+        // cloud has heard of it.
+        let running = self.store.running_revision(&pod.uid)?.map(|r| r.hash);
         let facts = PodFacts {
             owner_kind: pod.owner_kind.as_deref(),
-            hash: pod.revision_hash.as_deref(),
+            hash: running.as_deref().or(pod.revision_hash.as_deref()),
             terminating: pod.deleting,
         };
         let ds = match (&pod.owner_kind, &pod.owner_uid) {

@@ -7,8 +7,9 @@ use super::observe::Snapshot;
 use crate::object::Kind;
 use crate::podspec::{self, PodContext};
 use crate::sources::fetch;
-use crate::store::{Store, StoreError};
+use crate::store::{RunningRevision, Store, StoreError, StoredObject};
 use serde_json::Value;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 /// Where the runtime keeps a pod's files: `<data_dir>/pods/<uid>`.
@@ -25,6 +26,51 @@ pub fn grace_of(pod: &Value) -> i64 {
         .max(0)
 }
 
+/// Where a pod runs and what it references: what translating it for the CRI needs.
+#[derive(Debug, Clone, Copy)]
+pub struct Place<'a> {
+    pub data_dir: &'a Path,
+    pub node_name: &'a str,
+    pub host_ip: Option<&'a str>,
+}
+
+/// The context to translate `pod` (parsed from `obj`) with: its directories, the sources it
+/// references from the cache, its sandbox attempt and address.
+pub fn context(
+    store: &Store,
+    place: Place<'_>,
+    obj: &StoredObject,
+    pod: &Value,
+    attempt: u32,
+    pod_ip: Option<String>,
+) -> Result<PodContext, StoreError> {
+    let dir = pod_dir(place.data_dir, &obj.index.uid);
+    Ok(PodContext {
+        node_name: place.node_name.to_string(),
+        host_ip: place.host_ip.map(str::to_string),
+        volume_dir: dir.join("volumes"),
+        log_dir: dir.join("logs"),
+        attempt,
+        pod_ip,
+        sources: fetch::load(store, obj, pod)?,
+    })
+}
+
+/// The pod as the device runs it: an upgrade that committed a revision the cached pod object
+/// does not have yet (the cloud has not heard) runs that revision's images. Returns whether
+/// it changed the pod.
+pub fn as_running(pod: &mut Value, running: Option<&RunningRevision>) -> bool {
+    let Some(r) = running else {
+        return false;
+    };
+    if crate::revision::pod_hash(pod) == Some(r.hash.as_str()) {
+        return false;
+    }
+    let images: BTreeMap<String, String> = serde_json::from_str(&r.images).unwrap_or_default();
+    crate::upgrade::plan::apply_images(pod, &images, &r.hash);
+    true
+}
+
 /// Reads the cached pods. Each pod's JSON is parsed once and dropped after translation: a
 /// parsed pod is about ten times its JSON.
 pub fn read(
@@ -35,9 +81,19 @@ pub fn read(
     host_ip: Option<&str>,
 ) -> Result<Vec<DesiredPod>, StoreError> {
     let pods = store.list(Kind::Pod)?;
+    let running: HashMap<String, RunningRevision> = store
+        .running_revisions()?
+        .into_iter()
+        .map(|r| (r.pod_uid.clone(), r))
+        .collect();
+    let place = Place {
+        data_dir,
+        node_name,
+        host_ip,
+    };
     let mut out = Vec::with_capacity(pods.len());
-    for obj in pods {
-        let parsed: Value = match serde_json::from_str(&obj.raw) {
+    for mut obj in pods {
+        let mut parsed: Value = match serde_json::from_str(&obj.raw) {
             Ok(v) => v,
             Err(e) => {
                 tracing::warn!(pod = %obj.index.name, namespace = %obj.index.namespace, error = %e,
@@ -71,16 +127,18 @@ pub fn read(
             Some(sb) if !host_network => obs.sandbox_ip(&sb.id).map(str::to_string),
             _ => None,
         };
-        let dir = pod_dir(data_dir, &uid);
-        let ctx = PodContext {
-            node_name: node_name.to_string(),
-            host_ip: host_ip.map(str::to_string),
-            volume_dir: dir.join("volumes"),
-            log_dir: dir.join("logs"),
-            attempt: obs.next_sandbox_attempt(),
+        if as_running(&mut parsed, running.get(&uid)) {
+            // A sandbox start translates the pod again from its JSON: the running one.
+            obj.raw = parsed.to_string();
+        }
+        let ctx = context(
+            store,
+            place,
+            &obj,
+            &parsed,
+            obs.next_sandbox_attempt(),
             pod_ip,
-            sources: fetch::load(store, &obj, &parsed)?,
-        };
+        )?;
         let plan = podspec::translate(&parsed, &ctx);
         out.push(DesiredPod {
             obj,

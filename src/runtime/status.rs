@@ -453,6 +453,18 @@ pub fn warning_event(
     node: &str,
     now: &str,
 ) -> Value {
+    pod_event(pod, "Warning", reason, message, node, now)
+}
+
+/// An Event about a pod, `Normal` or `Warning`, named per pod and reason.
+pub fn pod_event(
+    pod: &StoredObject,
+    kind: &str,
+    reason: &str,
+    message: &str,
+    node: &str,
+    now: &str,
+) -> Value {
     let ix = &pod.index;
     json!({
         "apiVersion": "v1",
@@ -461,7 +473,7 @@ pub fn warning_event(
         "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": ix.namespace, "name": ix.name, "uid": ix.uid},
         "reason": reason,
         "message": message,
-        "type": "Warning",
+        "type": kind,
         "source": {"component": "edgehub", "host": node},
         "reportingComponent": "edgehub",
         "reportingInstance": node,

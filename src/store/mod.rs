@@ -9,12 +9,14 @@
 //! fails with a [`StoreError`] that says what is wrong, and only an explicit
 //! [`OpenMode::ResetCache`] moves it aside.
 
+mod journal;
 mod objects;
 mod reports;
 mod requests;
 mod schema;
 mod sources;
 
+pub use journal::{Effects, LogLine, RunningRevision};
 pub use objects::{ApplyStats, Change, StoredObject};
 pub use reports::{QueuedEvent, QueuedStatus};
 pub use requests::{NewRequest, Recorded, RequestKind, RequestRecord, TERMINAL_STATES};
@@ -295,6 +297,74 @@ impl Store {
         error: Option<&str>,
     ) -> Result<(), StoreError> {
         requests::set_state(&self.conn(), id, state, error)
+    }
+
+    /// Moves request `id` from state `from` to `to` if it is still in `from` (a compare-and-set,
+    /// so the API and the engine never race), with what the transition reports, in one
+    /// transaction. Returns whether it moved.
+    #[allow(clippy::too_many_arguments)]
+    pub fn transition(
+        &self,
+        id: i64,
+        from: &str,
+        to: &str,
+        error: Option<&str>,
+        deadline_ms: Option<i64>,
+        effects: &Effects,
+    ) -> Result<bool, StoreError> {
+        let moved = journal::transition(
+            &mut self.conn(),
+            id,
+            from,
+            to,
+            error,
+            deadline_ms,
+            effects,
+            crate::time::now_ms(),
+        )?;
+        if moved {
+            if !effects.events.is_empty() {
+                self.report_queued();
+            }
+            if effects.running.is_some() {
+                self.notify();
+            }
+        }
+        Ok(moved)
+    }
+
+    pub fn set_ready_since(
+        &self,
+        id: i64,
+        state: &str,
+        since: Option<i64>,
+    ) -> Result<(), StoreError> {
+        journal::set_ready_since(&self.conn(), id, state, since)
+    }
+
+    pub fn request(&self, id: i64) -> Result<Option<RequestRecord>, StoreError> {
+        journal::get(&self.conn(), id)
+    }
+
+    /// The transitions of request `id`, oldest first.
+    pub fn request_log(&self, id: i64) -> Result<Vec<LogLine>, StoreError> {
+        journal::log(&self.conn(), id)
+    }
+
+    /// The revision a pod runs on the device, when an upgrade committed one its cached pod
+    /// object does not have yet.
+    pub fn running_revision(&self, pod_uid: &str) -> Result<Option<RunningRevision>, StoreError> {
+        journal::running_revision(&self.conn(), pod_uid)
+    }
+
+    pub fn running_revisions(&self) -> Result<Vec<RunningRevision>, StoreError> {
+        journal::running_revisions(&self.conn())
+    }
+
+    pub fn forget_running_revision(&self, pod_uid: &str) -> Result<(), StoreError> {
+        journal::forget_running_revision(&self.conn(), pod_uid)?;
+        self.notify();
+        Ok(())
     }
 
     /// Queues a pod status patch (replacing an older one for the same pod). Returns whether

@@ -45,6 +45,12 @@ pub struct RequestRecord {
     pub error: Option<String>,
     pub created_ms: i64,
     pub updated_ms: i64,
+    /// When the current state must be over.
+    pub deadline_ms: Option<i64>,
+    /// Since when the new containers have been ready (Verifying).
+    pub ready_since_ms: Option<i64>,
+    /// The plan fixed when the upgrade started (JSON), so a restart follows the same one.
+    pub plan: Option<String>,
 }
 
 impl RequestRecord {
@@ -73,10 +79,10 @@ pub enum Recorded {
     Active(RequestRecord),
 }
 
-const COLUMNS: &str =
-    "id, kind, pod_uid, namespace, name, from_hash, to_hash, state, error, created_ms, updated_ms";
+pub(super) const COLUMNS: &str =
+    "id, kind, pod_uid, namespace, name, from_hash, to_hash, state, error, created_ms, updated_ms, deadline_ms, ready_since_ms, plan";
 
-fn row(r: &Row<'_>) -> rusqlite::Result<RequestRecord> {
+pub(super) fn row(r: &Row<'_>) -> rusqlite::Result<RequestRecord> {
     let kind: String = r.get(1)?;
     Ok(RequestRecord {
         id: r.get(0)?,
@@ -91,6 +97,9 @@ fn row(r: &Row<'_>) -> rusqlite::Result<RequestRecord> {
         error: r.get(8)?,
         created_ms: r.get(9)?,
         updated_ms: r.get(10)?,
+        deadline_ms: r.get(11)?,
+        ready_since_ms: r.get(12)?,
+        plan: r.get(13)?,
     })
 }
 

@@ -94,6 +94,27 @@ const MIGRATIONS: &[&str] = &[
     "DELETE FROM status_queue;
     ALTER TABLE status_queue RENAME COLUMN patch TO status;
     ALTER TABLE event_queue ADD COLUMN occurrences INTEGER NOT NULL DEFAULT 1;",
+    // 5 -> 6: the upgrade journal. A request row carries its state's deadline, since when the
+    // new containers have been ready, and the plan fixed when it started; every transition
+    // leaves a line in request_log. running_revisions is the runtime map: the revision a pod
+    // runs on the device when that is not yet the revision its cached pod object has.
+    "ALTER TABLE requests ADD COLUMN deadline_ms INTEGER;
+    ALTER TABLE requests ADD COLUMN ready_since_ms INTEGER;
+    ALTER TABLE requests ADD COLUMN plan TEXT;
+    CREATE TABLE request_log (
+        request_id  INTEGER NOT NULL,
+        seq         INTEGER NOT NULL,
+        state       TEXT NOT NULL,
+        at_ms       INTEGER NOT NULL,
+        detail      TEXT,
+        PRIMARY KEY (request_id, seq)
+    ) WITHOUT ROWID;
+    CREATE TABLE running_revisions (
+        pod_uid       TEXT PRIMARY KEY NOT NULL,
+        hash          TEXT NOT NULL,
+        images        TEXT NOT NULL,
+        committed_ms  INTEGER NOT NULL
+    ) WITHOUT ROWID;",
 ];
 
 /// The schema version this binary writes.

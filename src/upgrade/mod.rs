@@ -1,3 +1,578 @@
-//! The upgrade engine.
+//! The upgrade engine: carries out the upgrade requests the local API records, offline too.
+//!
+//! Each active request is driven by its own task: it holds the pod (the runtime leaves a held
+//! pod alone), reads the journal row and the runtime's state, asks the pure
+//! [`machine::next`] for one step, and carries it out; a state change is a compare-and-set on
+//! the journal row committed (with the Events and the revision it reports) before the side
+//! effect it describes. After a crash or a power cut the tasks start again from the journal
+//! and the runtime's state, before the runtime's first pass ([`Engine::claim_active`]).
+//!
+//! In place (only images differ): only the changed containers are replaced, in the running
+//! sandbox, so the pod's IP, volumes and other containers stay. A committed upgrade records
+//! the revision the pod now runs (the runtime map), so the runtime keeps running the new
+//! images and `GET /pods` shows `PodNeedUpgrade` False, until the cloud catches up.
 
 pub mod machine;
+pub mod plan;
+pub mod steps;
+
+use crate::cri::{CriError, CriRuntime};
+use crate::need_upgrade::Decider;
+use crate::object::Kind;
+use crate::podspec::{self, PodPlan};
+use crate::runtime::desired::{self, Place};
+use crate::runtime::{Holder, PodLocks};
+use crate::store::{
+    Effects, QueuedEvent, RequestKind, RequestRecord, RunningRevision, Store, StoreError,
+    StoredObject,
+};
+use machine::{Deadlines, Journal, State, Step};
+use plan::{Mode, UpgradePlan};
+use serde_json::Value;
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+#[derive(Debug, thiserror::Error)]
+pub enum UpgradeError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Cri(#[from] CriError),
+    #[error("journal row {0} has an unknown state {1:?}")]
+    BadState(i64, String),
+}
+
+/// The engine's settings (`[upgrade]` in the config file).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpgradeConfig {
+    pub deadlines: Deadlines,
+    /// The least time new containers must hold, whatever the DaemonSet's minReadySeconds.
+    pub min_ready_floor: Duration,
+    /// How often a driving task looks again while it waits.
+    pub poll: Duration,
+}
+
+impl Default for UpgradeConfig {
+    fn default() -> Self {
+        UpgradeConfig {
+            deadlines: Deadlines::default(),
+            min_ready_floor: Duration::from_secs(2),
+            poll: Duration::from_millis(200),
+        }
+    }
+}
+
+pub struct Engine<R: CriRuntime> {
+    pub cri: Arc<R>,
+    pub store: Arc<Store>,
+    pub locks: PodLocks,
+    pub node_name: String,
+    pub data_dir: PathBuf,
+    pub host_ip: Option<String>,
+    pub config: UpgradeConfig,
+}
+
+/// What a driving task works from, read again each round.
+struct Context {
+    pod: StoredObject,
+    plan: UpgradePlan,
+    /// The pod as it runs before the upgrade (for a rollback), and after it.
+    old: PodPlan,
+    target: PodPlan,
+}
+
+fn now_ms() -> i64 {
+    crate::time::now_ms()
+}
+
+impl<R: CriRuntime + 'static> Engine<R> {
+    /// Holds every pod with an unfinished upgrade for the engine, before the runtime's first
+    /// pass: after a crash, the runtime must not "repair" a half-swapped pod.
+    pub fn claim_active(&self) -> Result<usize, StoreError> {
+        let mut n = 0;
+        for r in self.store.active_requests()? {
+            if r.kind == RequestKind::Upgrade && self.locks.try_hold(&r.pod_uid, Holder::Upgrade) {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Drives every active request, on every cache change and every second, until shutdown.
+    pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let mut changes = self.store.subscribe();
+        let mut driving: HashMap<i64, JoinHandle<()>> = HashMap::new();
+        loop {
+            driving.retain(|_, h| !h.is_finished());
+            match self.store.active_requests() {
+                Ok(active) => {
+                    for r in active {
+                        if driving.contains_key(&r.id) {
+                            continue;
+                        }
+                        let me = self.clone();
+                        let id = r.id;
+                        let task = match r.kind {
+                            RequestKind::Upgrade => tokio::spawn(me.drive(r)),
+                            RequestKind::ImagePull => tokio::spawn(me.prepull(r)),
+                        };
+                        driving.insert(id, task);
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot read the upgrade requests"),
+            }
+            if let Err(e) = self.tidy() {
+                tracing::warn!(error = %e, "cannot tidy the runtime map");
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                r = changes.changed() => { if r.is_err() { break; } }
+                _ = shutdown.changed() => break,
+            }
+        }
+        // A task stops between steps; the journal says where, and the next start resumes.
+        for (_, t) in driving {
+            t.abort();
+        }
+    }
+
+    /// Forgets the revision a pod ran on the device once its cached pod has caught up (the
+    /// cloud heard) or is gone.
+    fn tidy(&self) -> Result<(), StoreError> {
+        for r in self.store.running_revisions()? {
+            let done = match self.store.get_by_uid(Kind::Pod, &r.pod_uid)? {
+                None => true,
+                Some(p) => p.index.revision_hash.as_deref() == Some(r.hash.as_str()),
+            };
+            if done {
+                self.store.forget_running_revision(&r.pod_uid)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Drives one upgrade to a terminal state, holding its pod meanwhile.
+    async fn drive(self: Arc<Self>, req: RequestRecord) {
+        let uid = req.pod_uid.clone();
+        // The runtime may be in the middle of something for this pod; wait for it.
+        while self.locks.holder(&uid) != Some(Holder::Upgrade)
+            && !self.locks.try_hold(&uid, Holder::Upgrade)
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let mut readiness = steps::Readiness::default();
+        loop {
+            match self.round(req.id, &mut readiness).await {
+                Ok(true) => break,
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(upgrade = req.id, pod = %req.name, error = %e, "upgrade step failed; retrying");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
+        self.locks.release(&uid, Holder::Upgrade);
+    }
+
+    /// One step. Returns whether the upgrade has ended.
+    async fn round(&self, id: i64, readiness: &mut steps::Readiness) -> Result<bool, UpgradeError> {
+        let Some(rec) = self.store.request(id)? else {
+            return Ok(true);
+        };
+        let state = State::parse(&rec.state)
+            .ok_or_else(|| UpgradeError::BadState(id, rec.state.clone()))?;
+        if state.is_terminal() {
+            return Ok(true);
+        }
+        let ctx = match self.context(&rec)? {
+            Ok(c) => c,
+            Err(why) => {
+                // Nothing can be done for it: nothing was changed yet, or the pod is gone.
+                let to = if matches!(state, State::Requested | State::Pulling) {
+                    State::RolledBack
+                } else {
+                    State::Failed
+                };
+                self.go(&rec, state, to, Some(why), None, None)?;
+                return Ok(true);
+            }
+        };
+        let now = steps::pod_now(&*self.cri, &rec.pod_uid, &self.node_name).await?;
+        let observed = steps::observe(
+            &*self.cri,
+            &now,
+            &ctx.plan,
+            &ctx.target,
+            &id.to_string(),
+            state == State::Pulling,
+            readiness,
+        )
+        .await?;
+        let journal = Journal {
+            state,
+            deadline_ms: rec.deadline_ms,
+            ready_since_ms: rec.ready_since_ms,
+            hold: Duration::from_millis(ctx.plan.hold_ms),
+        };
+        let step = machine::next(&journal, &observed, now_ms());
+        tracing::debug!(upgrade = id, pod = %rec.name, state = %state, step = ?step, "upgrade step");
+        let cri = &*self.cri;
+        match step {
+            Step::Go(to, error) => {
+                let plan = if state == State::Pulling && to == State::Swapping {
+                    Some(self.without_noops(&ctx, &now).await?)
+                } else {
+                    None
+                };
+                self.go(&rec, state, to, error, Some(&ctx), plan)?;
+            }
+            Step::Pull(images) => {
+                for img in &images {
+                    tracing::info!(upgrade = id, pod = %rec.name, image = %img, "pulling");
+                    if let Err(e) = steps::pull(cri, img, &ctx.target).await {
+                        tracing::warn!(upgrade = id, image = %img, error = %e, "pull failed; retrying until the deadline");
+                        tokio::time::sleep(self.config.poll.max(Duration::from_secs(1))).await;
+                    }
+                }
+            }
+            Step::CreateNew(name) => {
+                if let Some(c) = find(&ctx.target, &name) {
+                    steps::create_new(cri, &now, &ctx.target, c, &id.to_string()).await?;
+                }
+            }
+            Step::StopOld(cid) | Step::StopNew(cid) => {
+                steps::ignore_missing(cri.stop_container(&cid, ctx.old.grace_period_secs).await)?;
+            }
+            Step::Start(cid) => cri.start_container(&cid).await?,
+            Step::RemoveNew(cid) | Step::RemoveOld(cid) => {
+                steps::ignore_missing(cri.remove_container(&cid).await)?;
+            }
+            Step::RestoreOld { name, replace } => {
+                if let Some(old) = replace {
+                    steps::ignore_missing(cri.remove_container(&old).await)?;
+                }
+                if let Some(c) = find(&ctx.old, &name) {
+                    let fresh = steps::pod_now(cri, &rec.pod_uid, &self.node_name).await?;
+                    steps::restore(cri, &fresh, &ctx.old, c).await?;
+                }
+            }
+            Step::MarkReady(since) => self.store.set_ready_since(id, state.as_str(), since)?,
+            Step::Wait => tokio::time::sleep(self.config.poll).await,
+        }
+        Ok(false)
+    }
+
+    /// Drops the changes whose target image is, by digest, what the old container runs.
+    async fn without_noops(
+        &self,
+        ctx: &Context,
+        now: &steps::PodNow,
+    ) -> Result<String, UpgradeError> {
+        let mut plan = ctx.plan.clone();
+        let mut keep = Vec::new();
+        for ch in plan.changes.drain(..) {
+            let (old, _) = now.pair(&ch.container, "");
+            let same = match old {
+                Some(o) => steps::same_image(&*self.cri, o, &ch.to).await?,
+                None => false,
+            };
+            if same {
+                tracing::info!(container = %ch.container, image = %ch.to, "same digest as running: no swap");
+            } else {
+                keep.push(ch);
+            }
+        }
+        plan.changes = keep;
+        Ok(serde_json::to_string(&plan).unwrap_or_default())
+    }
+
+    /// Moves the journal, with what the move reports, in one transaction.
+    fn go(
+        &self,
+        rec: &RequestRecord,
+        from: State,
+        to: State,
+        error: Option<String>,
+        ctx: Option<&Context>,
+        plan: Option<String>,
+    ) -> Result<(), StoreError> {
+        let hold = ctx
+            .map(|c| Duration::from_millis(c.plan.hold_ms))
+            .unwrap_or_default();
+        let deadline = self
+            .config
+            .deadlines
+            .of(to, hold)
+            .map(|d| now_ms() + d.as_millis() as i64);
+        let mut effects = Effects {
+            plan: plan.or_else(|| {
+                ctx.filter(|_| from == State::Requested)
+                    .map(|c| serde_json::to_string(&c.plan).unwrap_or_default())
+            }),
+            ..Default::default()
+        };
+        let event = |kind: &str, reason: &str, message: String| -> Option<QueuedEvent> {
+            let pod = &ctx?.pod;
+            let ev = crate::runtime::status::pod_event(
+                pod,
+                kind,
+                reason,
+                &message,
+                &self.node_name,
+                &crate::time::now(),
+            );
+            let name = ev["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            Some(QueuedEvent {
+                key: format!("{}/{name}", pod.index.namespace),
+                namespace: pod.index.namespace.clone(),
+                body: ev.to_string(),
+                occurrences: 1,
+            })
+        };
+        let from_hash = rec.from_hash.as_deref().unwrap_or("?");
+        match to {
+            State::Pulling => effects.events.extend(event(
+                "Normal",
+                "UpgradeStarted",
+                format!(
+                    "Upgrading from revision {from_hash} to {} (request {})",
+                    rec.to_hash, rec.id
+                ),
+            )),
+            State::Committed => {
+                if let Some(c) = ctx {
+                    let mut images: BTreeMap<String, String> = self
+                        .store
+                        .running_revision(&rec.pod_uid)?
+                        .and_then(|r| serde_json::from_str(&r.images).ok())
+                        .unwrap_or_default();
+                    images.extend(plan::images(&c.plan));
+                    effects.running = Some(RunningRevision {
+                        pod_uid: rec.pod_uid.clone(),
+                        hash: rec.to_hash.clone(),
+                        images: serde_json::to_string(&images).unwrap_or_default(),
+                        committed_ms: now_ms(),
+                    });
+                }
+                effects.events.extend(event(
+                    "Normal",
+                    "UpgradeSucceeded",
+                    format!("Now running revision {} (request {})", rec.to_hash, rec.id),
+                ));
+            }
+            State::RolledBack => effects.events.extend(event(
+                "Warning",
+                "UpgradeRolledBack",
+                format!(
+                    "Upgrade to revision {} rolled back: {}",
+                    rec.to_hash,
+                    error.as_deref().unwrap_or("no reason recorded")
+                ),
+            )),
+            State::Failed => effects.events.extend(event(
+                "Warning",
+                "UpgradeFailed",
+                format!(
+                    "Upgrade to revision {} failed: {}",
+                    rec.to_hash,
+                    error.as_deref().unwrap_or("no reason recorded")
+                ),
+            )),
+            _ => {}
+        }
+        if self.store.transition(
+            rec.id,
+            from.as_str(),
+            to.as_str(),
+            error.as_deref(),
+            deadline,
+            &effects,
+        )? {
+            tracing::info!(upgrade = rec.id, pod = %rec.name, namespace = %rec.namespace,
+                from = %from, to = %to, error = error.as_deref().unwrap_or(""), "upgrade state");
+        }
+        Ok(())
+    }
+
+    /// The pod, its plan and both translations; `Err(why)` when the upgrade cannot go on.
+    fn context(&self, rec: &RequestRecord) -> Result<Result<Context, String>, StoreError> {
+        let Some(pod) = self.store.get_by_uid(Kind::Pod, &rec.pod_uid)? else {
+            return Ok(Err("the pod is no longer in the cache".into()));
+        };
+        let mut running: Value = match serde_json::from_str(&pod.raw) {
+            Ok(v) => v,
+            Err(e) => return Ok(Err(format!("the cached pod cannot be read: {e}"))),
+        };
+        desired::as_running(
+            &mut running,
+            self.store.running_revision(&rec.pod_uid)?.as_ref(),
+        );
+        let plan: UpgradePlan = match rec.plan.as_deref().map(serde_json::from_str) {
+            Some(Ok(p)) => p,
+            Some(Err(e)) => return Ok(Err(format!("the journal's plan cannot be read: {e}"))),
+            None => match self.make_plan(&pod, &running, &rec.to_hash)? {
+                Ok(p) => p,
+                Err(why) => return Ok(Err(why)),
+            },
+        };
+        if plan.mode == Mode::Recreate {
+            return Ok(Err(format!(
+                "the new revision changes more than images ({}); recreating a pod offline is not supported yet",
+                plan.recreate_because.join("; ")
+            )));
+        }
+        let mut target = running.clone();
+        plan::apply_images(&mut target, &plan::images(&plan), &rec.to_hash);
+        let place = Place {
+            data_dir: &self.data_dir,
+            node_name: &self.node_name,
+            host_ip: self.host_ip.as_deref(),
+        };
+        let translate = |v: &Value| -> Result<Result<PodPlan, String>, StoreError> {
+            let ctx = desired::context(&self.store, place, &pod, v, 0, None)?;
+            Ok(podspec::translate(v, &ctx).map_err(|e| e.to_string()))
+        };
+        let old = match translate(&running)? {
+            Ok(p) => p,
+            Err(e) => return Ok(Err(e)),
+        };
+        let target = match translate(&target)? {
+            Ok(p) => p,
+            Err(e) => return Ok(Err(e)),
+        };
+        Ok(Ok(Context {
+            pod,
+            plan,
+            old,
+            target,
+        }))
+    }
+
+    fn make_plan(
+        &self,
+        pod: &StoredObject,
+        running: &Value,
+        to_hash: &str,
+    ) -> Result<Result<UpgradePlan, String>, StoreError> {
+        let Some(owner) = pod.index.owner_uid.clone() else {
+            return Ok(Err("the pod has no owner".into()));
+        };
+        let mut decider = Decider::new(&self.store);
+        let Some(ds) = decider.daemonset(&owner)? else {
+            return Ok(Err("the pod's DaemonSet is not cached".into()));
+        };
+        let min_ready = self
+            .store
+            .get_by_uid(Kind::DaemonSet, &owner)?
+            .and_then(|d| serde_json::from_str::<Value>(&d.raw).ok())
+            .and_then(|d| d.pointer("/spec/minReadySeconds").and_then(Value::as_i64))
+            .unwrap_or(0);
+        Ok(plan::make(
+            crate::revision::pod_hash(running),
+            to_hash,
+            &ds.revisions,
+            min_ready,
+            self.config.min_ready_floor.as_millis() as u64,
+        )
+        .map_err(|e| e.to_string()))
+    }
+
+    /// `POST .../imagepull`: pulls the target revision's images now.
+    async fn prepull(self: Arc<Self>, req: RequestRecord) {
+        let images = match target_images(&self.store, &req.pod_uid, &req.to_hash) {
+            Ok(Some(i)) => i,
+            Ok(None) => {
+                let _ = self.store.transition(
+                    req.id,
+                    "Requested",
+                    "Failed",
+                    Some("the pod or its target revision is not cached"),
+                    None,
+                    &Effects::default(),
+                );
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the pod for a pre-pull");
+                return;
+            }
+        };
+        let mut failed = Vec::new();
+        for img in images.values() {
+            if let Ok(Some(_)) = self.cri.image_status(img).await {
+                continue;
+            }
+            if let Err(e) = self.cri.pull_image(img, None).await {
+                failed.push(format!("{img}: {e}"));
+            }
+        }
+        let (to, error) = if failed.is_empty() {
+            ("Done", None)
+        } else {
+            ("Failed", Some(failed.join("; ")))
+        };
+        if let Err(e) = self.store.transition(
+            req.id,
+            "Requested",
+            to,
+            error.as_deref(),
+            None,
+            &Effects::default(),
+        ) {
+            tracing::warn!(error = %e, "cannot record a pre-pull");
+        }
+    }
+}
+
+fn find<'a>(p: &'a PodPlan, name: &str) -> Option<&'a podspec::ContainerPlan> {
+    p.containers
+        .iter()
+        .chain(&p.init_containers)
+        .find(|c| c.name == name)
+}
+
+/// The images of the target revision's containers, by container name.
+pub fn target_images(
+    store: &Store,
+    pod_uid: &str,
+    to_hash: &str,
+) -> Result<Option<BTreeMap<String, String>>, StoreError> {
+    let Some(pod) = store.get_by_uid(Kind::Pod, pod_uid)? else {
+        return Ok(None);
+    };
+    let Some(owner) = pod.index.owner_uid.as_deref() else {
+        return Ok(None);
+    };
+    let mut decider = Decider::new(store);
+    let Some(ds) = decider.daemonset(owner)? else {
+        return Ok(None);
+    };
+    let Some(rev) = ds.revisions.iter().find(|r| r.hash == to_hash) else {
+        return Ok(None);
+    };
+    let mut out = BTreeMap::new();
+    for list in ["containers", "initContainers"] {
+        for c in rev
+            .template
+            .pointer(&format!("/spec/{list}"))
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            if let (Some(n), Some(i)) = (
+                c.get("name").and_then(Value::as_str),
+                c.get("image").and_then(Value::as_str),
+            ) {
+                out.insert(n.to_string(), i.to_string());
+            }
+        }
+    }
+    Ok(Some(out))
+}

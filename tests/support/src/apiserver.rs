@@ -485,6 +485,19 @@ impl FakeApiServer {
         }
     }
 
+    /// Plays the fleet operator as the recording did: rolls the recorded `telemetry`
+    /// DaemonSet to `127.0.0.1:5000/busybox:2.0` (a second ControllerRevision appears).
+    pub fn roll_telemetry(&self) {
+        for item in crate::fixture_body("controllerrevisions_list_rev2")["items"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+        {
+            self.apply("controllerrevisions", item);
+        }
+        self.apply("daemonsets", crate::fixture_body("daemonset_after_update"));
+    }
+
     /// The current resourceVersion.
     pub fn resource_version(&self) -> u64 {
         lock(&self.state.db).rv

@@ -47,17 +47,7 @@ async fn main() -> anyhow::Result<()> {
     );
     if let Some(secs) = roll_after {
         tokio::time::sleep(std::time::Duration::from_secs(secs)).await;
-        for item in edgehub_testsupport::fixture_body("controllerrevisions_list_rev2")["items"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
-        {
-            server.apply("controllerrevisions", item);
-        }
-        server.apply(
-            "daemonsets",
-            edgehub_testsupport::fixture_body("daemonset_after_update"),
-        );
+        server.roll_telemetry();
         println!("operator rolled DaemonSet vehicle/telemetry to 127.0.0.1:5000/busybox:2.0");
     }
     tokio::signal::ctrl_c().await?;

@@ -1,0 +1,163 @@
+//! The upgrade journal: compare-and-set transitions of a request row, each committed (with
+//! what it reports: Events, the revision the pod now runs) in one transaction before the side
+//! effect it describes; the log of transitions; and the runtime map of revisions a pod runs
+//! on the device.
+
+use super::requests::{row, RequestRecord, COLUMNS};
+use super::{reports, QueuedEvent, StoreError};
+use rusqlite::{params, Connection, OptionalExtension};
+
+/// What a transition writes besides the row, in the same transaction.
+#[derive(Debug, Clone, Default)]
+pub struct Effects {
+    pub events: Vec<QueuedEvent>,
+    /// The pod now runs this revision on the device.
+    pub running: Option<RunningRevision>,
+    /// The plan, fixed when the upgrade starts.
+    pub plan: Option<String>,
+}
+
+/// The revision a pod runs on the device, and the images that differ from its cached pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunningRevision {
+    pub pod_uid: String,
+    pub hash: String,
+    /// JSON object: container name -> image.
+    pub images: String,
+    pub committed_ms: i64,
+}
+
+/// One line of an upgrade's log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogLine {
+    pub state: String,
+    pub at_ms: i64,
+    pub detail: Option<String>,
+}
+
+/// Moves request `id` from `from` to `to` if it is still in `from`; returns whether it did.
+/// The new state's deadline replaces the old one and the readiness mark is cleared.
+#[allow(clippy::too_many_arguments)]
+pub fn transition(
+    conn: &mut Connection,
+    id: i64,
+    from: &str,
+    to: &str,
+    error: Option<&str>,
+    deadline_ms: Option<i64>,
+    effects: &Effects,
+    now_ms: i64,
+) -> Result<bool, StoreError> {
+    let tx = conn.transaction()?;
+    let n = tx
+        .prepare_cached(
+            "UPDATE requests SET state = ?3, error = COALESCE(?4, error), deadline_ms = ?5,
+                 ready_since_ms = NULL, plan = COALESCE(?6, plan), updated_ms = ?7
+             WHERE id = ?1 AND state = ?2",
+        )?
+        .execute(params![
+            id,
+            from,
+            to,
+            error,
+            deadline_ms,
+            effects.plan,
+            now_ms
+        ])?;
+    if n == 0 {
+        return Ok(false);
+    }
+    let seq: i64 = tx
+        .prepare_cached("SELECT COALESCE(MAX(seq), 0) + 1 FROM request_log WHERE request_id = ?1")?
+        .query_row(params![id], |r| r.get(0))?;
+    tx.prepare_cached(
+        "INSERT INTO request_log (request_id, seq, state, at_ms, detail) VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?
+    .execute(params![id, seq, to, now_ms, error])?;
+    for e in &effects.events {
+        reports::queue_event(&tx, e, now_ms)?;
+    }
+    if let Some(r) = &effects.running {
+        tx.prepare_cached(
+            "INSERT INTO running_revisions (pod_uid, hash, images, committed_ms) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (pod_uid) DO UPDATE SET hash = excluded.hash, images = excluded.images,
+                 committed_ms = excluded.committed_ms",
+        )?
+        .execute(params![r.pod_uid, r.hash, r.images, r.committed_ms])?;
+    }
+    tx.commit()?;
+    Ok(true)
+}
+
+/// Records since when the new containers have been ready, if the request is still in `state`.
+pub fn set_ready_since(
+    conn: &Connection,
+    id: i64,
+    state: &str,
+    since: Option<i64>,
+) -> Result<(), StoreError> {
+    conn.prepare_cached("UPDATE requests SET ready_since_ms = ?3 WHERE id = ?1 AND state = ?2")?
+        .execute(params![id, state, since])?;
+    Ok(())
+}
+
+pub fn get(conn: &Connection, id: i64) -> Result<Option<RequestRecord>, StoreError> {
+    Ok(conn
+        .prepare_cached(&format!("SELECT {COLUMNS} FROM requests WHERE id = ?1"))?
+        .query_row(params![id], row)
+        .optional()?)
+}
+
+pub fn log(conn: &Connection, id: i64) -> Result<Vec<LogLine>, StoreError> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT state, at_ms, detail FROM request_log WHERE request_id = ?1 ORDER BY seq",
+    )?;
+    let rows = stmt.query_map(params![id], |r| {
+        Ok(LogLine {
+            state: r.get(0)?,
+            at_ms: r.get(1)?,
+            detail: r.get(2)?,
+        })
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+pub fn running_revision(
+    conn: &Connection,
+    pod_uid: &str,
+) -> Result<Option<RunningRevision>, StoreError> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT pod_uid, hash, images, committed_ms FROM running_revisions WHERE pod_uid = ?1",
+        )?
+        .query_row(params![pod_uid], |r| {
+            Ok(RunningRevision {
+                pod_uid: r.get(0)?,
+                hash: r.get(1)?,
+                images: r.get(2)?,
+                committed_ms: r.get(3)?,
+            })
+        })
+        .optional()?)
+}
+
+pub fn running_revisions(conn: &Connection) -> Result<Vec<RunningRevision>, StoreError> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT pod_uid, hash, images, committed_ms FROM running_revisions ORDER BY pod_uid",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok(RunningRevision {
+            pod_uid: r.get(0)?,
+            hash: r.get(1)?,
+            images: r.get(2)?,
+            committed_ms: r.get(3)?,
+        })
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+pub fn forget_running_revision(conn: &Connection, pod_uid: &str) -> Result<(), StoreError> {
+    conn.prepare_cached("DELETE FROM running_revisions WHERE pod_uid = ?1")?
+        .execute(params![pod_uid])?;
+    Ok(())
+}

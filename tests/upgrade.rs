@@ -1,0 +1,330 @@
+//! The OTA upgrade end to end, with the edgehub binary, real containerd and the fake
+//! apiserver seeded with the recorded cluster: the operator rolls the `telemetry` DaemonSet
+//! to busybox 2.0, the link goes down, and the OTA manager asks for the upgrade. Needs root;
+//! without it these tests fail, loudly.
+
+mod common;
+
+use edgehub::cri::{api, labels, CriClient, CriRuntime};
+use edgehub_testsupport::FakeApiServer;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_edgehub");
+
+struct Node {
+    server: FakeApiServer,
+    dir: tempfile::TempDir,
+    config: PathBuf,
+    name: String,
+    api: String,
+    cri: CriClient,
+    uid: String,
+    child: Option<Child>,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A node of its own (tests share one containerd): the recorded telemetry pod bound to it, a
+/// token for its identity, and a config for `edgehub run`.
+async fn node(tag: &str) -> Node {
+    let server = FakeApiServer::start().await.unwrap();
+    server.seed_recorded_cluster();
+    server.remove("pods", "vehicle", "gateway-v9hb2");
+    let name = format!("edge-up-{tag}-{}", std::process::id());
+    let uid = format!("up-{tag}-{}", std::process::id());
+    server.modify("pods", "vehicle", "telemetry-sv74m", |p| {
+        p["spec"]["nodeName"] = name.clone().into();
+        p["metadata"]["uid"] = uid.clone().into();
+        // The image's own command prints its version ("hello from 1.0"), so the new process
+        // shows which image it runs.
+        if let Some(c) = p["spec"]["containers"][0].as_object_mut() {
+            c.remove("command");
+        }
+    });
+    let token = format!("token-{name}");
+    server.add_token(&token, &format!("system:node:{name}"));
+    let dir = tempfile::tempdir().unwrap();
+    let kc = server
+        .write_kubeconfig(&dir.path().join("kube"), &token)
+        .unwrap();
+    let socket = common::cri_stack();
+    let api = format!("127.0.0.1:{}", free_port());
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "node_name = \"{name}\"\napi_addr = \"{api}\"\ndata_dir = \"{}\"\nkubeconfig = \"{}\"\ncri_socket = \"{}\"\n\
+             [sync]\nbackoff_initial_ms = 50\nbackoff_max_secs = 1\n",
+            dir.path().join("data").display(),
+            kc.display(),
+            socket.display()
+        ),
+    )
+    .unwrap();
+    Node {
+        server,
+        dir,
+        config,
+        name,
+        api,
+        cri: CriClient::new(&socket),
+        uid,
+        child: None,
+    }
+}
+
+impl Node {
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.arg("--config").arg(&self.config).args(args);
+        c
+    }
+
+    fn start(&mut self) {
+        let child = self
+            .cmd(&["run"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(self.dir.path().join("edgehub.log")).unwrap())
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("edgehub.log")).unwrap_or_default()
+    }
+
+    /// One request to the local API.
+    fn http(&self, method: &str, path: &str) -> (u16, String) {
+        use std::io::{Read, Write};
+        let Ok(mut s) = std::net::TcpStream::connect(&self.api) else {
+            return (0, String::new());
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        );
+        if s.write_all(req.as_bytes()).is_err() {
+            return (0, String::new());
+        }
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        let code = out
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = out.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+        (code, body)
+    }
+
+    fn upgrade_path(&self) -> String {
+        "/openyurt.io/v1/namespaces/vehicle/pods/telemetry-sv74m/upgrade".into()
+    }
+
+    /// The telemetry pod's PodNeedUpgrade condition from `GET /pods`.
+    fn need(&self) -> Option<Value> {
+        let (code, body) = self.http("GET", "/pods");
+        if code != 200 {
+            return None;
+        }
+        let list: Value = serde_json::from_str(&body).ok()?;
+        list["items"]
+            .as_array()?
+            .iter()
+            .find(|p| p["metadata"]["name"] == "telemetry-sv74m")?["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "PodNeedUpgrade")
+            .cloned()
+    }
+
+    fn state(&self) -> Option<Value> {
+        let (code, body) = self.http("GET", &self.upgrade_path());
+        (code == 200)
+            .then(|| serde_json::from_str(&body).ok())
+            .flatten()
+    }
+
+    async fn containers(&self) -> Vec<api::Container> {
+        self.cri
+            .list_containers(HashMap::from([
+                (labels::POD_UID.to_string(), self.uid.clone()),
+                (labels::NODE.to_string(), self.name.clone()),
+            ]))
+            .await
+            .unwrap_or_default()
+    }
+
+    async fn running(&self, name: &str) -> Vec<api::Container> {
+        self.containers()
+            .await
+            .into_iter()
+            .filter(|c| {
+                c.state == api::ContainerState::ContainerRunning as i32
+                    && c.labels.get(labels::CONTAINER_NAME).map(String::as_str) == Some(name)
+            })
+            .collect()
+    }
+
+    async fn sandboxes(&self) -> Vec<String> {
+        self.cri
+            .list_pod_sandbox(HashMap::from([(
+                labels::NODE.to_string(),
+                self.name.clone(),
+            )]))
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|s| s.state == api::PodSandboxState::SandboxReady as i32)
+            .map(|s| s.id)
+            .collect()
+    }
+
+    fn pod_log(&self, container: &str, attempt: u32) -> String {
+        std::fs::read_to_string(
+            self.dir
+                .path()
+                .join("data/pods")
+                .join(&self.uid)
+                .join("logs")
+                .join(format!("{container}_{attempt}.log")),
+        )
+        .unwrap_or_default()
+    }
+
+    /// Online, running the pod at revision 1; then the operator rolls to revision 2, edgehub
+    /// sees it, and the link goes down.
+    async fn rolled_and_offline(&mut self) {
+        self.start();
+        self.wait_for(60, "the pod runs", |n| async move {
+            n.running("app").await.len() == 1 && n.running("sidecar").await.len() == 1
+        })
+        .await;
+        self.server.roll_telemetry();
+        self.wait_for(30, "PodNeedUpgrade True", |n| async move {
+            n.need().is_some_and(|c| c["status"] == "True")
+        })
+        .await;
+        self.server.set_offline(true).await.unwrap();
+    }
+
+    async fn wait_for<'a, F, Fut>(&'a self, secs: u64, what: &str, f: F)
+    where
+        F: Fn(&'a Node) -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while !f(self).await {
+            assert!(
+                Instant::now() < deadline,
+                "timed out after {secs}s waiting for: {what}\nedgehub log:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn wait_state(&self, secs: u64, want: &[&str]) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            if let Some(s) = self.state() {
+                if want.iter().any(|w| s["state"] == *w) {
+                    return s;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {want:?}; last {:?}\nedgehub log:\n{}",
+                self.state(),
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn clean(mut self) {
+        self.kill9();
+        for sb in self
+            .cri
+            .list_pod_sandbox(HashMap::from([(
+                labels::NODE.to_string(),
+                self.name.clone(),
+            )]))
+            .await
+            .unwrap_or_default()
+        {
+            let _ = self.cri.stop_pod_sandbox(&sb.id).await;
+            let _ = self.cri.remove_pod_sandbox(&sb.id).await;
+        }
+    }
+}
+
+/// busybox 1.0 -> 2.0 with the link down: only the changed container is replaced, in the
+/// same sandbox; the new process prints the new line; `GET /pods` says the pod is current.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offline_upgrade_swaps_the_changed_container_in_place() {
+    let mut n = node("inplace").await;
+    n.rolled_and_offline().await;
+    let sandboxes = n.sandboxes().await;
+    let sidecar = n.running("sidecar").await[0].id.clone();
+    let old_app = n.running("app").await[0].clone();
+
+    let (code, body) = n.http("POST", &n.upgrade_path());
+    assert_eq!(
+        (code, body.as_str()),
+        (200, "Start updating pod vehicle/telemetry-sv74m")
+    );
+    let done = n.wait_state(60, &["Done", "RolledBack", "Failed"]).await;
+    assert_eq!(done["state"], "Done", "{done}\n{}", n.log());
+
+    let app = n.running("app").await;
+    assert_eq!(app.len(), 1);
+    assert_ne!(app[0].id, old_app.id, "the app container was replaced");
+    assert_eq!(
+        app[0].image.as_ref().unwrap().image,
+        "127.0.0.1:5000/busybox:2.0"
+    );
+    let attempt = app[0].metadata.as_ref().unwrap().attempt;
+    n.wait_for(10, "the new process prints the new line", |n| async move {
+        n.pod_log("app", attempt).contains("hello from 2.0")
+    })
+    .await;
+    assert_eq!(n.sandboxes().await, sandboxes, "same sandbox (and pod IP)");
+    assert_eq!(
+        n.running("sidecar").await[0].id,
+        sidecar,
+        "the sidecar was not touched"
+    );
+    assert!(
+        n.containers().await.iter().all(|c| c.id != old_app.id),
+        "the old container was removed at commit"
+    );
+    let need = n.need().unwrap();
+    assert_eq!(
+        (need["status"].as_str(), need["reason"].as_str()),
+        (Some("False"), Some("RunningLatestRevision")),
+        "{need}"
+    );
+    // The runtime keeps running the new image: a second later nothing was swapped back.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(n.running("app").await[0].id, app[0].id);
+    n.clean().await;
+}
