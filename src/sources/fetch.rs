@@ -10,8 +10,9 @@
 //! lifetime, as the kubelet does.
 //!
 //! Right after a pod is bound, the Node authorizer may not know yet that it references an
-//! object and answers 403 "no relationship found"; that is retried quietly within a second,
-//! doubling, instead of waiting out a long retry. Offline, the cache is used as it is.
+//! object and answers 403 "no relationship found"; that is retried quietly every 250 ms for
+//! its first two seconds, instead of waiting out a long retry. Offline, the cache is used as
+//! it is.
 
 use super::{decode_data, references, Data, SourceRef, Sources};
 use crate::backoff::Backoff;
@@ -297,9 +298,12 @@ impl Fetcher {
                 max: retry,
             }),
         });
-        r.at = Instant::now() + r.backoff.next_delay();
-        // The authorizer catching up with a new pod is expected: quiet for its first second.
-        let quiet = lag && r.backoff.failures() <= 3;
+        let wait = r.backoff.next_delay();
+        // The authorizer catches up with a new pod within moments: every `lag_retry` for its
+        // first couple of seconds, quietly, then the usual backoff.
+        let early = lag && r.backoff.failures() <= 8;
+        r.at = Instant::now() + if early { lag_retry } else { wait };
+        let quiet = early;
         if !quiet && self.warned.insert(key.clone()) {
             tracing::warn!(kind = %key.0, namespace = %key.1, name = %key.2, error = %e,
                 "cannot fetch what a pod references; retrying");
