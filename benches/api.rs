@@ -111,6 +111,7 @@ async fn bench(n: usize, samples: usize) {
         token: None,
         node_name: "edge-1".into(),
         cri: ready_runtime(),
+        runtime: None,
     });
     let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await

@@ -3,6 +3,7 @@
 # under its own root/state/sockets, a plain-http docker-registry on 127.0.0.1:5000, and
 # locally built images pushed to it:
 #   127.0.0.1:5000/busybox:1.0 and :2.0   print "hello from 1.0" / "hello from 2.0" every second
+#   127.0.0.1:5000/busybox:3.0-crash      prints once and exits 3 (rollback tests)
 #   127.0.0.1:5000/pause:1.0              the sandbox image
 #   127.0.0.1:5001/private/busybox:1.0    behind a password (imagePullSecrets tests)
 # Pods without hostNetwork get an address on the bridge eh-test0 (10.88.42.0/24) through CNI.
@@ -217,6 +218,11 @@ start() {
         mk_image busybox 2.0 '["sh","-c","while true; do echo hello from 2.0; sleep 1; done"]'
         mk_image pause 1.0 '["sh","-c","trap \"exit 0\" TERM INT; while true; do sleep 3600 & wait; done"]'
         touch "$D/images.done"
+    fi
+    # An image that exits at once: the upgrade engine's rollback tests.
+    if [ ! -f "$D/images-crash.done" ]; then
+        mk_image busybox 3.0-crash '["sh","-c","echo hello from 3.0 and goodbye; exit 3"]'
+        touch "$D/images-crash.done"
     fi
     start_auth_registry
     if [ ! -f "$D/images-auth.done" ]; then

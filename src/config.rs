@@ -28,6 +28,7 @@ pub struct Config {
     pub sync: SyncConfig,
     pub api: ApiConfig,
     pub node: NodeConfig,
+    pub upgrade: crate::upgrade::UpgradeConfig,
 }
 
 /// The Node object edgehub registers and keeps current, as a kubelet would.
@@ -136,6 +137,19 @@ struct FileConfig {
     api: FileApi,
     #[serde(default)]
     node: FileNode,
+    #[serde(default)]
+    upgrade: FileUpgrade,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileUpgrade {
+    pull_timeout_secs: Option<u64>,
+    swap_timeout_secs: Option<u64>,
+    verify_timeout_secs: Option<u64>,
+    commit_timeout_secs: Option<u64>,
+    rollback_timeout_secs: Option<u64>,
+    min_ready_floor_secs: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -397,6 +411,43 @@ impl Config {
             token_file: a.token_file,
         };
         let node = node_config(file.node)?;
+        let u = file.upgrade;
+        let upgrade = crate::upgrade::UpgradeConfig {
+            deadlines: crate::upgrade::machine::Deadlines {
+                pulling: Duration::from_secs(secs(
+                    "upgrade.pull_timeout_secs",
+                    u.pull_timeout_secs,
+                    600,
+                    86_400,
+                )?),
+                swapping: Duration::from_secs(secs(
+                    "upgrade.swap_timeout_secs",
+                    u.swap_timeout_secs,
+                    120,
+                    3_600,
+                )?),
+                verifying: Duration::from_secs(secs(
+                    "upgrade.verify_timeout_secs",
+                    u.verify_timeout_secs,
+                    120,
+                    3_600,
+                )?),
+                committing: Duration::from_secs(secs(
+                    "upgrade.commit_timeout_secs",
+                    u.commit_timeout_secs,
+                    60,
+                    3_600,
+                )?),
+                rolling_back: Duration::from_secs(secs(
+                    "upgrade.rollback_timeout_secs",
+                    u.rollback_timeout_secs,
+                    120,
+                    3_600,
+                )?),
+            },
+            min_ready_floor: Duration::from_secs(u.min_ready_floor_secs.unwrap_or(2).min(3_600)),
+            ..Default::default()
+        };
         Ok(Config {
             node_name,
             data_dir,
@@ -407,6 +458,7 @@ impl Config {
             sync,
             api,
             node,
+            upgrade,
         })
     }
 }

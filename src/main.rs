@@ -195,7 +195,7 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
         node_name: config.node_name.clone(),
         data_dir: config.data_dir.clone(),
         host_ip: reconciler.host_ip.clone(),
-        config: edgehub::upgrade::UpgradeConfig::default(),
+        config: config.upgrade.clone(),
     });
     let resumed = engine.claim_active()?;
     if resumed > 0 {
@@ -223,6 +223,7 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
         token,
         node_name: config.node_name.clone(),
         cri: cri_health,
+        runtime: Some(CriClient::new(&config.cri_socket)),
     });
     let mut servers = Vec::new();
     for l in listeners {

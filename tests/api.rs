@@ -43,6 +43,7 @@ async fn start_api_with(
         token: token.map(str::to_string),
         node_name: "edge-1".into(),
         cri,
+        runtime: None,
     });
     let (tx, rx) = tokio::sync::watch::channel(false);
     tokio::spawn(api::serve(Listener::Tcp(tcp), state, rx));
@@ -447,6 +448,7 @@ async fn unix_socket_with_mode() {
         token: None,
         node_name: "edge-1".into(),
         cri: ready_runtime(),
+        runtime: None,
     });
     let (_tx, rx) = tokio::sync::watch::channel(false);
     for l in ls {

@@ -64,7 +64,8 @@ async fn node(tag: &str) -> Node {
         &config,
         format!(
             "node_name = \"{name}\"\napi_addr = \"{api}\"\ndata_dir = \"{}\"\nkubeconfig = \"{}\"\ncri_socket = \"{}\"\n\
-             [sync]\nbackoff_initial_ms = 50\nbackoff_max_secs = 1\n",
+             [sync]\nbackoff_initial_ms = 50\nbackoff_max_secs = 1\n\
+             [upgrade]\nverify_timeout_secs = 6\n",
             dir.path().join("data").display(),
             kc.display(),
             socket.display()
@@ -213,17 +214,53 @@ impl Node {
     /// Online, running the pod at revision 1; then the operator rolls to revision 2, edgehub
     /// sees it, and the link goes down.
     async fn rolled_and_offline(&mut self) {
+        self.rolled_to_and_offline(None).await
+    }
+
+    /// As [`Self::rolled_and_offline`], then on to a third revision whose app image is
+    /// `image`, when given.
+    async fn rolled_to_and_offline(&mut self, image: Option<&str>) {
         self.start();
         self.wait_for(60, "the pod runs", |n| async move {
             n.running("app").await.len() == 1 && n.running("sidecar").await.len() == 1
         })
         .await;
         self.server.roll_telemetry();
-        self.wait_for(30, "PodNeedUpgrade True", |n| async move {
-            n.need().is_some_and(|c| c["status"] == "True")
-        })
+        let mut want = "controllerrevision: 55778fbb9f".to_string();
+        if let Some(image) = image {
+            want = format!(
+                "controllerrevision: {}",
+                third_revision(&self.server, image)
+            );
+        }
+        let want = &want;
+        self.wait_for(
+            30,
+            "PodNeedUpgrade True for the newest revision",
+            |n| async move {
+                n.need()
+                    .is_some_and(|c| c["status"] == "True" && c["message"] == want.as_str())
+            },
+        )
         .await;
         self.server.set_offline(true).await.unwrap();
+    }
+
+    /// The edgehub database, read through a second connection.
+    fn queued_event_reasons(&self) -> Vec<String> {
+        let Ok(conn) = rusqlite::Connection::open_with_flags(
+            self.dir.path().join("data/edgehub.db"),
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+        ) else {
+            return Vec::new();
+        };
+        let mut stmt = conn.prepare("SELECT body FROM event_queue").unwrap();
+        stmt.query_map([], |r| r.get::<_, String>(0))
+            .unwrap()
+            .filter_map(Result::ok)
+            .filter_map(|b| serde_json::from_str::<Value>(&b).ok())
+            .map(|v| v["reason"].as_str().unwrap_or("").to_string())
+            .collect()
     }
 
     async fn wait_for<'a, F, Fut>(&'a self, secs: u64, what: &str, f: F)
@@ -277,6 +314,32 @@ impl Node {
     }
 }
 
+/// A third revision of telemetry whose app runs `image`; returns its hash.
+fn third_revision(server: &FakeApiServer, image: &str) -> String {
+    let mut cr = edgehub_testsupport::fixture_body("controllerrevisions_list_rev2")["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["metadata"]["name"] == "telemetry-55778fbb9f")
+        .unwrap()
+        .clone();
+    let hash = format!(
+        "r3{:x}",
+        image.len() * 7919 + image.bytes().map(usize::from).sum::<usize>()
+    );
+    cr["metadata"]["name"] = format!("telemetry-{hash}").into();
+    cr["metadata"]["labels"]["controller-revision-hash"] = hash.clone().into();
+    cr["metadata"]["uid"] = format!("uid-{hash}").into();
+    cr["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("resourceVersion");
+    cr["revision"] = 3.into();
+    cr["data"]["spec"]["template"]["spec"]["containers"][0]["image"] = image.into();
+    server.apply("controllerrevisions", cr);
+    hash
+}
+
 /// busybox 1.0 -> 2.0 with the link down: only the changed container is replaced, in the
 /// same sandbox; the new process prints the new line; `GET /pods` says the pod is current.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -327,4 +390,109 @@ async fn an_offline_upgrade_swaps_the_changed_container_in_place() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(n.running("app").await[0].id, app[0].id);
     n.clean().await;
+}
+
+/// A new image that exits at once: the upgrade rolls back, and the old image runs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_container_that_exits_rolls_back_to_the_old_image() {
+    let mut n = node("crash").await;
+    n.rolled_to_and_offline(Some("127.0.0.1:5000/busybox:3.0-crash"))
+        .await;
+    let sidecar = n.running("sidecar").await[0].id.clone();
+    let (code, _) = n.http("POST", &n.upgrade_path());
+    assert_eq!(code, 200);
+    let end = n.wait_state(60, &["Done", "RolledBack", "Failed"]).await;
+    assert_eq!(end["state"], "RolledBack", "{end}");
+    assert!(
+        end["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("exited with code 3"),
+        "{end}"
+    );
+    let app = n.running("app").await;
+    assert_eq!(app.len(), 1, "the old spec runs again");
+    assert_eq!(
+        app[0].image.as_ref().unwrap().image,
+        "127.0.0.1:5000/busybox:1.0"
+    );
+    assert!(
+        n.containers()
+            .await
+            .iter()
+            .all(|c| !c.labels.contains_key(labels::UPGRADE_ID)),
+        "the upgrade's containers are gone"
+    );
+    assert_eq!(n.running("sidecar").await[0].id, sidecar);
+    assert_eq!(
+        n.need().unwrap()["status"],
+        "True",
+        "still needs the upgrade"
+    );
+    let reasons = n.queued_event_reasons();
+    assert!(
+        reasons.contains(&"UpgradeStarted".to_string())
+            && reasons.contains(&"UpgradeRolledBack".to_string()),
+        "{reasons:?}"
+    );
+    n.clean().await;
+}
+
+/// A new container that runs but never passes its readiness probe: rolled back when the
+/// verification deadline passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_container_that_never_gets_ready_rolls_back() {
+    let mut n = node("unready").await;
+    // Ready only while the process that prints "from 1.0" runs.
+    n.server.modify("pods", "vehicle", "telemetry-sv74m", |p| {
+        p["spec"]["containers"][0]["readinessProbe"] = serde_json::json!({
+            "exec": {"command": ["sh", "-c", "ps | grep -v grep | grep -q 'from 1.0'"]},
+            "periodSeconds": 1, "failureThreshold": 1});
+    });
+    n.rolled_and_offline().await;
+    let (code, _) = n.http("POST", &n.upgrade_path());
+    assert_eq!(code, 200);
+    let end = n.wait_state(60, &["Done", "RolledBack", "Failed"]).await;
+    assert_eq!(end["state"], "RolledBack", "{end}");
+    assert!(
+        end["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("not ready in time: app"),
+        "{end}"
+    );
+    let app = n.running("app").await;
+    assert_eq!(
+        app[0].image.as_ref().unwrap().image,
+        "127.0.0.1:5000/busybox:1.0"
+    );
+    n.clean().await;
+}
+
+/// Offline, an upgrade whose image is not on the node is refused before anything changes;
+/// a second request while one runs is a conflict.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_images_offline_are_412_and_a_second_request_is_409() {
+    let mut n = node("refuse").await;
+    // A registry that cannot be reached (nothing listens on port 1).
+    n.rolled_to_and_offline(Some("127.0.0.1:1/busybox:9.9"))
+        .await;
+    let app = n.running("app").await[0].id.clone();
+    let (code, body) = n.http("POST", &n.upgrade_path());
+    assert_eq!(code, 412, "{body}");
+    assert!(body.contains("127.0.0.1:1/busybox:9.9"), "{body}");
+    assert_eq!(n.state(), None, "no request was recorded");
+    assert_eq!(n.running("app").await[0].id, app, "nothing changed");
+    n.kill9();
+
+    // Revision 2's image is on the node: accepted; asked again at once: 409.
+    let mut n2 = node("twice").await;
+    n2.rolled_and_offline().await;
+    let (code, _) = n2.http("POST", &n2.upgrade_path());
+    assert_eq!(code, 200);
+    let (code, body) = n2.http("POST", &n2.upgrade_path());
+    assert_eq!(code, 409, "{body}");
+    n2.wait_state(60, &["Done"]).await;
+    n.clean().await;
+    n2.clean().await;
 }

@@ -64,6 +64,11 @@ pub fn request(state: &ApiState, kind: RequestKind, namespace: &str, name: &str)
         tracing::info!(pod = %name, namespace = %namespace, reason = need.reason(), "upgrade refused: pod is not updatable");
         return Reply::text(403, format!("Pod is not-updatable: {}", need.reason()));
     };
+    if kind == RequestKind::Upgrade {
+        if let Some(refused) = images_missing_offline(state, &pod.index.uid, target) {
+            return refused;
+        }
+    }
     let req = NewRequest {
         kind,
         pod_uid: &pod.index.uid,
@@ -99,6 +104,53 @@ pub fn request(state: &ApiState, kind: RequestKind, namespace: &str, name: &str)
         ),
         Err(e) => Reply::internal("Apply update failed", &e),
     }
+}
+
+/// An upgrade whose images are not on the node while their registry cannot be reached is
+/// refused before anything changes: 412, naming the images. (An image whose registry
+/// answers is pulled by the upgrade; the apiserver link says nothing about the registry.)
+fn images_missing_offline(state: &ApiState, pod_uid: &str, target: &str) -> Option<Reply> {
+    let runtime = state.runtime.as_ref()?;
+    let images = match crate::upgrade::target_images(&state.store, pod_uid, target) {
+        Ok(Some(i)) => i,
+        Ok(None) => return None,
+        Err(e) => return Some(Reply::internal("Get pod failed", &e)),
+    };
+    use crate::cri::CriRuntime;
+    // Handlers run on blocking threads (see `serve`), where waiting on the runtime is fine.
+    let missing: Vec<String> = tokio::runtime::Handle::current().block_on(async {
+        let mut missing = Vec::new();
+        for img in images.values() {
+            let present =
+                tokio::time::timeout(std::time::Duration::from_secs(5), runtime.image_status(img))
+                    .await;
+            // A runtime that does not answer says nothing; the engine will find out.
+            if let Ok(Ok(None)) = present {
+                let (host, port) = crate::upgrade::registry_of(img);
+                let reachable = tokio::time::timeout(
+                    std::time::Duration::from_secs(3),
+                    tokio::net::TcpStream::connect((host.as_str(), port)),
+                )
+                .await
+                .is_ok_and(|c| c.is_ok());
+                if !reachable && !missing.contains(img) {
+                    missing.push(img.clone());
+                }
+            }
+        }
+        missing
+    });
+    if missing.is_empty() {
+        return None;
+    }
+    tracing::info!(pod_uid = %pod_uid, images = ?missing, "upgrade refused: images missing and offline");
+    Some(Reply::text(
+        412,
+        format!(
+            "Images of revision {target} are not on the node and their registry cannot be reached: {}",
+            missing.join(", ")
+        ),
+    ))
 }
 
 fn record_json(r: &RequestRecord) -> serde_json::Value {

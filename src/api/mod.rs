@@ -47,6 +47,9 @@ pub struct ApiState {
     pub node_name: String,
     /// The container runtime's health, for readyz.
     pub cri: watch::Receiver<crate::cri::CriHealth>,
+    /// The container runtime itself, to check that an upgrade's images are on the node
+    /// before accepting it offline; `None` skips the check.
+    pub runtime: Option<crate::cri::CriClient>,
 }
 
 /// A response before it becomes HTTP.

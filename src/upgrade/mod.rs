@@ -538,6 +538,33 @@ fn find<'a>(p: &'a PodPlan, name: &str) -> Option<&'a podspec::ContainerPlan> {
         .find(|c| c.name == name)
 }
 
+/// The registry an image reference pulls from, as host and port: the first path component
+/// when it names a host (has a dot or a port, or is `localhost`), else Docker Hub.
+pub fn registry_of(image: &str) -> (String, u16) {
+    let first = image.split('/').next().unwrap_or("");
+    let is_host =
+        image.contains('/') && (first.contains('.') || first.contains(':') || first == "localhost");
+    if !is_host {
+        return ("registry-1.docker.io".into(), 443);
+    }
+    match first.rsplit_once(':') {
+        Some((h, p)) if !h.ends_with(']') || first.starts_with('[') => match p.parse() {
+            Ok(port) => (
+                h.trim_start_matches('[').trim_end_matches(']').to_string(),
+                port,
+            ),
+            Err(_) => (first.to_string(), 443),
+        },
+        _ => (
+            first
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string(),
+            443,
+        ),
+    }
+}
+
 /// The images of the target revision's containers, by container name.
 pub fn target_images(
     store: &Store,
@@ -575,4 +602,25 @@ pub fn target_images(
         }
     }
     Ok(Some(out))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn registries_of_image_references() {
+        for (image, host, port) in [
+            ("127.0.0.1:5000/busybox:1.0", "127.0.0.1", 5000),
+            ("busybox:1.0", "registry-1.docker.io", 443),
+            ("library/busybox", "registry-1.docker.io", 443),
+            ("ghcr.io/org/app@sha256:abc", "ghcr.io", 443),
+            ("localhost/app:1", "localhost", 443),
+            ("registry.local:8443/a/b:c", "registry.local", 8443),
+        ] {
+            assert_eq!(
+                super::registry_of(image),
+                (host.to_string(), port),
+                "{image}"
+            );
+        }
+    }
 }
