@@ -19,6 +19,7 @@ pub mod api;
 pub mod backoff;
 pub mod config;
 pub mod cri;
+pub mod failpoint;
 pub mod kube;
 pub mod local_client;
 pub mod names;

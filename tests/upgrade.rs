@@ -92,10 +92,24 @@ impl Node {
     }
 
     fn start(&mut self) {
-        let child = self
-            .cmd(&["run"])
+        self.start_with(None)
+    }
+
+    /// `edgehub run`, armed to kill itself at `failpoint`.
+    fn start_with(&mut self, failpoint: Option<&str>) {
+        let mut cmd = self.cmd(&["run"]);
+        if let Some(f) = failpoint {
+            cmd.env("EDGEHUB_FAILPOINT", f);
+        }
+        let child = cmd
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(self.dir.path().join("edgehub.log")).unwrap())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(self.dir.path().join("edgehub.log"))
+                    .unwrap(),
+            )
             .spawn()
             .unwrap();
         self.child = Some(child);
@@ -495,4 +509,123 @@ async fn missing_images_offline_are_412_and_a_second_request_is_409() {
     n2.wait_state(60, &["Done"]).await;
     n.clean().await;
     n2.clean().await;
+}
+
+/// Kills edgehub (SIGKILL, as a power cut would) the moment each point of an upgrade is
+/// reached, restarts it, and checks the end: the journal is terminal, exactly one container
+/// runs per name (of one revision), nothing the upgrade made is left over, and the report is
+/// queued.
+async fn crash_at(point: &str, image: Option<&str>, want: &str) {
+    let tag = point.rsplit(':').next().unwrap_or(point).to_lowercase();
+    let mut n = node(&format!(
+        "cp{}{tag}",
+        if image.is_some() { "rb" } else { "" }
+    ))
+    .await;
+    n.rolled_to_and_offline(image).await;
+    n.kill9();
+    n.start_with(Some(point));
+    n.wait_for(30, "the API is up", |n| async move {
+        n.http("GET", "/v1/healthz").0 == 200
+    })
+    .await;
+    let (code, _) = n.http("POST", &n.upgrade_path());
+    assert_eq!(code, 200, "{point}");
+    // The failpoint kills the process.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(status) = n.child.as_mut().and_then(|c| c.try_wait().unwrap()) {
+            use std::os::unix::process::ExitStatusExt;
+            assert_eq!(status.signal(), Some(9), "{point}: killed by SIGKILL");
+            n.child = None;
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{point} was never reached\n{}",
+            n.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Power back: the engine finishes or rolls back from the journal and the runtime.
+    n.start();
+    let end = n.wait_state(90, &["Done", "RolledBack", "Failed"]).await;
+    assert_eq!(end["state"], want, "{point}: {end}\n{}", n.log());
+    n.wait_for(
+        20,
+        "one running container per name, nothing else",
+        |n| async move {
+            let all = n.containers().await;
+            ["app", "sidecar"].iter().all(|name| {
+                let mine: Vec<_> = all
+                    .iter()
+                    .filter(|c| {
+                        c.labels.get(labels::CONTAINER_NAME).map(String::as_str) == Some(name)
+                    })
+                    .collect();
+                mine.len() == 1 && mine[0].state == api::ContainerState::ContainerRunning as i32
+            })
+        },
+    )
+    .await;
+    let app = n.running("app").await;
+    let image = &app[0].image.as_ref().unwrap().image;
+    let expected = if want == "Done" {
+        "127.0.0.1:5000/busybox:2.0"
+    } else {
+        "127.0.0.1:5000/busybox:1.0"
+    };
+    assert_eq!(
+        image, expected,
+        "{point}: exactly one revision runs, the journal's"
+    );
+    assert_eq!(n.sandboxes().await.len(), 1, "{point}: one sandbox");
+    let reasons = n.queued_event_reasons();
+    let last = if want == "Done" {
+        "UpgradeSucceeded"
+    } else {
+        "UpgradeRolledBack"
+    };
+    assert!(
+        reasons.iter().any(|r| r == "UpgradeStarted") && reasons.iter().any(|r| r == last),
+        "{point}: the report is queued: {reasons:?}"
+    );
+    n.clean().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_at_any_point_of_an_upgrade_ends_in_one_revision() {
+    let points = [
+        "upgrade:after:Pulling",
+        "upgrade:after:Swapping",
+        "upgrade:step:CreateNew",
+        "upgrade:step:StopOld",
+        "upgrade:step:Start",
+        "upgrade:after:Verifying",
+        "upgrade:step:MarkReady",
+        "upgrade:after:Committed",
+        "upgrade:step:RemoveOld",
+        "upgrade:after:Done",
+    ];
+    for p in points {
+        crash_at(p, None, "Done").await;
+    }
+    println!("crash points covered on the way to Done: {}", points.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_at_any_point_of_a_rollback_ends_in_the_old_revision() {
+    let points = [
+        "upgrade:after:RollingBack",
+        "upgrade:step:RemoveNew",
+        "upgrade:step:RestoreOld",
+        "upgrade:after:RolledBack",
+    ];
+    for p in points {
+        crash_at(p, Some("127.0.0.1:5000/busybox:3.0-crash"), "RolledBack").await;
+    }
+    println!(
+        "crash points covered on the way to RolledBack: {}",
+        points.len()
+    );
 }

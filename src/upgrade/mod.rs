@@ -220,6 +220,7 @@ impl<R: CriRuntime + 'static> Engine<R> {
         };
         let step = machine::next(&journal, &observed, now_ms());
         tracing::debug!(upgrade = id, pod = %rec.name, state = %state, step = ?step, "upgrade step");
+        let point = step_name(&step);
         let cri = &*self.cri;
         match step {
             Step::Go(to, error) => {
@@ -263,6 +264,7 @@ impl<R: CriRuntime + 'static> Engine<R> {
             Step::MarkReady(since) => self.store.set_ready_since(id, state.as_str(), since)?,
             Step::Wait => tokio::time::sleep(self.config.poll).await,
         }
+        crate::failpoint::hit(&format!("upgrade:step:{point}"));
         Ok(false)
     }
 
@@ -397,6 +399,7 @@ impl<R: CriRuntime + 'static> Engine<R> {
         )? {
             tracing::info!(upgrade = rec.id, pod = %rec.name, namespace = %rec.namespace,
                 from = %from, to = %to, error = error.as_deref().unwrap_or(""), "upgrade state");
+            crate::failpoint::hit(&format!("upgrade:after:{to}"));
         }
         Ok(())
     }
@@ -528,6 +531,23 @@ impl<R: CriRuntime + 'static> Engine<R> {
         ) {
             tracing::warn!(error = %e, "cannot record a pre-pull");
         }
+    }
+}
+
+/// A step's name, for logs and failpoints.
+fn step_name(s: &Step) -> &'static str {
+    match s {
+        Step::Go(..) => "Go",
+        Step::Pull(_) => "Pull",
+        Step::CreateNew(_) => "CreateNew",
+        Step::StopOld(_) => "StopOld",
+        Step::Start(_) => "Start",
+        Step::StopNew(_) => "StopNew",
+        Step::RemoveNew(_) => "RemoveNew",
+        Step::RestoreOld { .. } => "RestoreOld",
+        Step::RemoveOld(_) => "RemoveOld",
+        Step::MarkReady(_) => "MarkReady",
+        Step::Wait => "Wait",
     }
 }
 
