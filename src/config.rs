@@ -150,6 +150,7 @@ struct FileUpgrade {
     commit_timeout_secs: Option<u64>,
     rollback_timeout_secs: Option<u64>,
     min_ready_floor_secs: Option<u64>,
+    prepull: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -446,6 +447,7 @@ impl Config {
                 )?),
             },
             min_ready_floor: Duration::from_secs(u.min_ready_floor_secs.unwrap_or(2).min(3_600)),
+            prepull: u.prepull.unwrap_or(true),
             ..Default::default()
         };
         Ok(Config {

@@ -188,6 +188,8 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
     // The upgrade engine shares the runtime's pod locks, and holds the pods of unfinished
     // upgrades before the runtime's first pass (after a crash, a half-swapped pod is the
     // engine's to finish or roll back, not the runtime's to "repair").
+    // Prepared (not started) here: the engine and the report sender follow its link state.
+    let mut sync = edgehub::sync::Sync::prepare(&config, client.clone(), store.clone());
     let engine = Arc::new(edgehub::upgrade::Engine {
         cri: Arc::new(CriClient::new(&config.cri_socket)),
         store: store.clone(),
@@ -196,6 +198,7 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
         data_dir: config.data_dir.clone(),
         host_ip: reconciler.host_ip.clone(),
         config: config.upgrade.clone(),
+        link: Some(sync.link.clone()),
     });
     let resumed = engine.claim_active()?;
     if resumed > 0 {
@@ -209,7 +212,6 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
         edgehub::sources::fetch::Fetcher::new(client.clone(), store.clone())
             .run(shutdown_rx.clone()),
     );
-    let mut sync = edgehub::sync::Sync::prepare(&config, client.clone(), store.clone());
     // What the runtime reports (pod statuses, Events), delivered in a task of its own.
     let report_task = tokio::spawn(
         runtime::report::Reporter::new(client, store.clone())

@@ -282,15 +282,6 @@ async fn sigterm_stops_cleanly_and_checkpoints_the_cursor() {
         .is_some());
 }
 
-/// A free loopback port (tiny race with other processes, acceptable in tests).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[tokio::test]
 async fn pods_status_and_upgrade_commands_talk_to_the_running_agent() {
     let env = Env::new().await;
@@ -300,7 +291,7 @@ async fn pods_status_and_upgrade_commands_talk_to_the_running_agent() {
     {
         env.server.apply("controllerrevisions", item.clone());
     }
-    let port = free_port();
+    let port = common::free_port();
     let text = std::fs::read_to_string(&env.config)
         .unwrap()
         .replace("127.0.0.1:0", &format!("127.0.0.1:{port}"));
@@ -329,8 +320,8 @@ async fn pods_status_and_upgrade_commands_talk_to_the_running_agent() {
         "{out}"
     );
 
-    // --wait follows the request's state. Nothing moves it past Requested until the upgrade
-    // engine exists, so it gives up at its timeout, saying where it stands.
+    // --wait follows the request's state. No container runtime runs here, so the upgrade
+    // cannot begin: --wait gives up at its timeout, saying where it stands.
     let (ok, out) = output(env.cmd(&[
         "upgrade",
         "vehicle/telemetry-sv74m",
@@ -394,7 +385,7 @@ async fn tells_systemd_when_the_api_is_up_and_when_it_stops() {
     let rx = std::os::unix::net::UnixDatagram::bind(&sock_path).unwrap();
     rx.set_read_timeout(Some(std::time::Duration::from_secs(20)))
         .unwrap();
-    let port = free_port();
+    let port = common::free_port();
     let mut child = env
         .cmd(&["--api-addr", &format!("127.0.0.1:{port}"), "run"])
         .env("NOTIFY_SOCKET", &sock_path)

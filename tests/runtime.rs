@@ -451,14 +451,7 @@ async fn pod_status_reaches_the_apiserver_and_waits_while_offline() {
     // Offline: the container dies and is restarted; the new status waits in the queue.
     server.set_offline(true).await.unwrap();
     let running_now = running(&c, &id).await;
-    let runc_root = e.socket.parent().unwrap().join("runc/k8s.io");
-    assert!(std::process::Command::new("runc")
-        .arg("--root")
-        .arg(&runc_root)
-        .args(["kill", &running_now[0].id, "KILL"])
-        .status()
-        .unwrap()
-        .success());
+    runc_kill(&e, &running_now[0].id);
     reconcile_until(&mut r, 20, "a status queued while offline", || async {
         !e.store.queued_statuses().unwrap().is_empty()
     })

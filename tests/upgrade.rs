@@ -26,14 +26,6 @@ struct Node {
     child: Option<Child>,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A node of its own (tests share one containerd): the recorded telemetry pod bound to it, a
 /// token for its identity, and a config for `edgehub run`.
 async fn node(tag: &str) -> Node {
@@ -58,7 +50,7 @@ async fn node(tag: &str) -> Node {
         .write_kubeconfig(&dir.path().join("kube"), &token)
         .unwrap();
     let socket = common::cri_stack();
-    let api = format!("127.0.0.1:{}", free_port());
+    let api = format!("127.0.0.1:{}", common::free_port());
     let config = dir.path().join("config.toml");
     std::fs::write(
         &config,
@@ -154,8 +146,8 @@ impl Node {
         "/openyurt.io/v1/namespaces/vehicle/pods/telemetry-sv74m/upgrade".into()
     }
 
-    /// The telemetry pod's PodNeedUpgrade condition from `GET /pods`.
-    fn need(&self) -> Option<Value> {
+    /// The telemetry pod as `GET /pods` serves it.
+    fn served(&self) -> Option<Value> {
         let (code, body) = self.http("GET", "/pods");
         if code != 200 {
             return None;
@@ -164,11 +156,21 @@ impl Node {
         list["items"]
             .as_array()?
             .iter()
-            .find(|p| p["metadata"]["name"] == "telemetry-sv74m")?["status"]["conditions"]
+            .find(|p| p["metadata"]["name"] == "telemetry-sv74m")
+            .cloned()
+    }
+
+    fn condition(&self, kind: &str) -> Option<Value> {
+        self.served()?["status"]["conditions"]
             .as_array()?
             .iter()
-            .find(|c| c["type"] == "PodNeedUpgrade")
+            .find(|c| c["type"] == kind)
             .cloned()
+    }
+
+    /// The telemetry pod's PodNeedUpgrade condition from `GET /pods`.
+    fn need(&self) -> Option<Value> {
+        self.condition("PodNeedUpgrade")
     }
 
     fn state(&self) -> Option<Value> {
@@ -400,6 +402,17 @@ async fn an_offline_upgrade_swaps_the_changed_container_in_place() {
         (Some("False"), Some("RunningLatestRevision")),
         "{need}"
     );
+    // GET /pods serves the device's truth offline: the new image in the container status.
+    n.wait_for(10, "the served status has the new image", |n| async move {
+        n.served().is_some_and(|p| {
+            p["status"]["containerStatuses"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["name"] == "app" && c["image"] == "127.0.0.1:5000/busybox:2.0")
+        })
+    })
+    .await;
     // The runtime keeps running the new image: a second later nothing was swapped back.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(n.running("app").await[0].id, app[0].id);
@@ -628,4 +641,29 @@ async fn a_crash_at_any_point_of_a_rollback_ends_in_the_old_revision() {
         "crash points covered on the way to RolledBack: {}",
         points.len()
     );
+}
+
+/// While online, a new revision's images are pulled as soon as it appears, and the pod gets
+/// PodImageReady; `POST .../imagepull` asks for the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_revision_is_prepulled_and_the_pod_says_so() {
+    let mut n = node("prepull").await;
+    n.start();
+    n.wait_for(60, "the pod runs", |n| async move {
+        n.running("app").await.len() == 1
+    })
+    .await;
+    n.server.roll_telemetry();
+    n.wait_for(30, "PodImageReady True for revision 2", |n| async move {
+        n.condition("PodImageReady").is_some_and(|c| {
+            c["status"] == "True" && c["message"] == "controllerrevision: 55778fbb9f"
+        })
+    })
+    .await;
+    let (code, body) = n.http(
+        "POST",
+        "/openyurt.io/v1/namespaces/vehicle/pods/telemetry-sv74m/imagepull",
+    );
+    assert_eq!(code, 200, "{body}");
+    n.clean().await;
 }

@@ -17,6 +17,12 @@ pub fn pods(state: &ApiState) -> Reply {
         Err(e) => return Reply::internal("Get pod list failed", &e),
     };
     let mut decider = Decider::new(&state.store);
+    // What the device runs is the truth: the status edgehub has queued for the apiserver
+    // (after an offline upgrade, the new images) is served before the cloud has it.
+    let queued: std::collections::HashMap<String, String> = match state.store.queued_statuses() {
+        Ok(q) => q.into_iter().map(|q| (q.pod_uid, q.status)).collect(),
+        Err(e) => return Reply::internal("Get pod list failed", &e),
+    };
     let size: usize = pods.iter().map(|p| p.raw.len() + 160).sum();
     let mut out = String::with_capacity(POD_LIST_START.len() + size + POD_LIST_END.len());
     out.push_str(POD_LIST_START);
@@ -28,7 +34,11 @@ pub fn pods(state: &ApiState) -> Reply {
         if i > 0 {
             out.push(',');
         }
-        if let Err(e) = write_with_condition(&mut out, &pod.raw, &need.condition()) {
+        let overlaid = queued
+            .get(&pod.index.uid)
+            .and_then(|q| with_status(&pod.raw, q));
+        let raw = overlaid.as_deref().unwrap_or(&pod.raw);
+        if let Err(e) = write_with_condition(&mut out, raw, &need.condition()) {
             // Serve what the apiserver sent rather than drop the pod from the list.
             tracing::warn!(pod = %pod.index.name, namespace = %pod.index.namespace, error = %e,
                 "cached pod is not a JSON object; serving it without PodNeedUpgrade");
@@ -37,6 +47,15 @@ pub fn pods(state: &ApiState) -> Reply {
     }
     out.push_str(POD_LIST_END);
     Reply::json(200, out)
+}
+
+/// The pod JSON with `status` merged onto its own (edgehub's fields over the apiserver's).
+fn with_status(raw: &str, status: &str) -> Option<String> {
+    let mut pod: serde_json::Value = serde_json::from_str(raw).ok()?;
+    let ours: serde_json::Value = serde_json::from_str(status).ok()?;
+    let merged = crate::runtime::status::merge_onto(&pod["status"], &ours);
+    pod["status"] = merged;
+    Some(pod.to_string())
 }
 
 /// `POST .../upgrade` and `POST .../imagepull`: validate against the cache, then record the

@@ -40,6 +40,8 @@ pub struct DesiredPod {
     /// The context the plan was translated with, for a sandbox start that translates again
     /// once the sandbox has its address.
     pub ctx: Option<PodContext>,
+    /// The pod's `status` as the apiserver last returned it (null when it has none).
+    pub status: serde_json::Value,
 }
 
 impl DesiredPod {

@@ -32,6 +32,7 @@ fn desired(v: serde_json::Value, snap: &Snapshot) -> DesiredPod {
         grace_secs: super::super::desired::grace_of(&v),
         plan: Some(plan),
         ctx: Some(ctx),
+        status: serde_json::Value::Null,
         obj,
     }
 }

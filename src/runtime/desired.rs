@@ -102,18 +102,21 @@ pub fn read(
                     grace_secs: 30,
                     plan: None,
                     ctx: None,
+                    status: Value::Null,
                     obj,
                 });
                 continue;
             }
         };
         let grace_secs = grace_of(&parsed);
+        let status = parsed.get("status").cloned().unwrap_or(Value::Null);
         if obj.index.deleting {
             out.push(DesiredPod {
                 obj,
                 grace_secs,
                 plan: None,
                 ctx: None,
+                status,
             });
             continue;
         }
@@ -145,6 +148,7 @@ pub fn read(
             grace_secs,
             plan: Some(plan),
             ctx: Some(ctx),
+            status,
         });
     }
     Ok(out)

@@ -383,19 +383,30 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
         }
 
         // Settled pods: report their status.
+        let pulled = self.store.pulled_revisions()?;
+        let store = self.store.clone();
+        let mut decider = crate::need_upgrade::Decider::new(&store);
         for pod in &desired {
             let uid = pod.uid();
             if held.contains(uid) || io.contains_key(uid) || self.refused_waiting(uid, now) {
                 continue;
             }
             if let Some(Ok(plan)) = &pod.plan {
-                let ours = status::observed(
+                let mut ours = status::observed(
                     plan,
                     snapshot.pod(uid),
                     &self.probes,
                     self.host_ip.as_deref(),
                     &snapshot.runtime_name,
                 );
+                if let Some(hash) = pulled.get(uid) {
+                    let target = decider.decide(&pod.obj.index)?;
+                    status::image_ready(
+                        &mut ours,
+                        hash,
+                        target.target().filter(|_| target.needed()),
+                    );
+                }
                 self.queue_status(pod, ours)?;
             }
         }
@@ -545,7 +556,11 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
             self.queue_warning(&pod.obj, reason, message)?;
             self.reported.insert(uid, message.to_string());
         }
-        self.queue_status_of(&pod.obj, status::blocked_status(reason, message))
+        self.queue(
+            &pod.obj,
+            &pod.status,
+            status::blocked_status(reason, message),
+        )
     }
 
     fn queue_status_of(&mut self, pod: &StoredObject, ours: Value) -> Result<(), RuntimeError> {
@@ -555,9 +570,7 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
     }
 
     fn queue_status(&mut self, pod: &DesiredPod, ours: Value) -> Result<(), RuntimeError> {
-        let cached: Value = serde_json::from_str(&pod.obj.raw).unwrap_or(Value::Null);
-        let current = cached.get("status").cloned().unwrap_or(Value::Null);
-        self.queue(&pod.obj, &current, ours)
+        self.queue(&pod.obj, &pod.status, ours)
     }
 
     /// Queues `ours` for the pod if the apiserver's status (`current`) does not already hold

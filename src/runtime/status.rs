@@ -22,7 +22,13 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 /// The conditions edgehub sets; any other type belongs to someone else and is kept.
-pub const OWN_CONDITIONS: &[&str] = &["PodScheduled", "Initialized", "ContainersReady", "Ready"];
+pub const OWN_CONDITIONS: &[&str] = &[
+    "PodScheduled",
+    "Initialized",
+    "ContainersReady",
+    "Ready",
+    "PodImageReady",
+];
 
 /// A container as the pod status reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -247,6 +253,21 @@ pub fn pod_status(
         status["startTime"] = t.into();
     }
     status
+}
+
+/// OpenYurt's `PodImageReady`: True once a pre-pull put the images of the revision the pod
+/// needs on the node (message `controllerrevision: <hash>`), False when the revision pulled is
+/// not the one needed any more.
+pub fn image_ready(status: &mut Value, pulled: &str, needed: Option<&str>) {
+    let cond = match needed {
+        Some(t) if t == pulled => json!({"type": "PodImageReady", "status": "True",
+            "reason": "ImagesPulled", "message": format!("controllerrevision: {pulled}")}),
+        _ => json!({"type": "PodImageReady", "status": "False",
+            "reason": "RevisionChanged", "message": format!("controllerrevision: {pulled}")}),
+    };
+    if let Some(Value::Array(conds)) = status.get_mut("conditions") {
+        conds.push(cond);
+    }
 }
 
 /// The status of a pod edgehub cannot run or cannot start yet: Ready=False with the reason.

@@ -161,3 +161,24 @@ pub fn forget_running_revision(conn: &Connection, pod_uid: &str) -> Result<(), S
         .execute(params![pod_uid])?;
     Ok(())
 }
+
+/// For each pod, the newest revision whose images an image-pull request put on the node.
+pub fn pulled(conn: &Connection) -> Result<Vec<(String, String)>, StoreError> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT pod_uid, to_hash FROM requests r WHERE kind = 'imagepull' AND state = 'Done'
+         AND id = (SELECT MAX(id) FROM requests WHERE pod_uid = r.pod_uid AND kind = 'imagepull')",
+    )?;
+    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// Whether an image-pull request for this pod and revision exists, in any state.
+pub fn pull_requested(conn: &Connection, pod_uid: &str, to_hash: &str) -> Result<bool, StoreError> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT 1 FROM requests WHERE kind = 'imagepull' AND pod_uid = ?1 AND to_hash = ?2 LIMIT 1",
+        )?
+        .query_row(params![pod_uid, to_hash], |_| Ok(()))
+        .optional()?
+        .is_some())
+}

@@ -24,6 +24,7 @@ pub use schema::{APPLICATION_ID, LATEST as SCHEMA_VERSION};
 pub use sources::{CachedSource, CachedToken};
 
 use rusqlite::{Connection, OpenFlags};
+use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::Read;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
@@ -359,6 +360,16 @@ impl Store {
 
     pub fn running_revisions(&self) -> Result<Vec<RunningRevision>, StoreError> {
         journal::running_revisions(&self.conn())
+    }
+
+    /// Per pod uid, the newest revision whose images a pre-pull put on the node.
+    pub fn pulled_revisions(&self) -> Result<HashMap<String, String>, StoreError> {
+        Ok(journal::pulled(&self.conn())?.into_iter().collect())
+    }
+
+    /// Whether a pre-pull of this pod's revision was ever requested.
+    pub fn pull_requested(&self, pod_uid: &str, to_hash: &str) -> Result<bool, StoreError> {
+        journal::pull_requested(&self.conn(), pod_uid, to_hash)
     }
 
     pub fn forget_running_revision(&self, pod_uid: &str) -> Result<(), StoreError> {

@@ -44,6 +44,9 @@ pub enum UpgradeError {
     Cri(#[from] CriError),
     #[error("journal row {0} has an unknown state {1:?}")]
     BadState(i64, String),
+    /// Something the upgrade needs is on its way (a ConfigMap not fetched yet): try again.
+    #[error("{0}")]
+    NotYet(String),
 }
 
 /// The engine's settings (`[upgrade]` in the config file).
@@ -54,6 +57,8 @@ pub struct UpgradeConfig {
     pub min_ready_floor: Duration,
     /// How often a driving task looks again while it waits.
     pub poll: Duration,
+    /// While online, pull a new update revision's images as soon as it appears.
+    pub prepull: bool,
 }
 
 impl Default for UpgradeConfig {
@@ -62,6 +67,7 @@ impl Default for UpgradeConfig {
             deadlines: Deadlines::default(),
             min_ready_floor: Duration::from_secs(2),
             poll: Duration::from_millis(200),
+            prepull: true,
         }
     }
 }
@@ -74,6 +80,9 @@ pub struct Engine<R: CriRuntime> {
     pub data_dir: PathBuf,
     pub host_ip: Option<String>,
     pub config: UpgradeConfig,
+    /// The apiserver link: pre-pulls start only while it is up (a registry is then likely to
+    /// answer too).
+    pub link: Option<watch::Receiver<crate::sync::LinkState>>,
 }
 
 /// What a driving task works from, read again each round.
@@ -128,6 +137,9 @@ impl<R: CriRuntime + 'static> Engine<R> {
             if let Err(e) = self.tidy() {
                 tracing::warn!(error = %e, "cannot tidy the runtime map");
             }
+            if let Err(e) = self.request_prepulls() {
+                tracing::warn!(error = %e, "cannot request pre-pulls");
+            }
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
                 r = changes.changed() => { if r.is_err() { break; } }
@@ -138,6 +150,40 @@ impl<R: CriRuntime + 'static> Engine<R> {
         for (_, t) in driving {
             t.abort();
         }
+    }
+
+    /// While online, asks for a pre-pull of every new update revision a pod needs, once.
+    fn request_prepulls(&self) -> Result<(), StoreError> {
+        let online = self
+            .link
+            .as_ref()
+            .is_some_and(|l| matches!(*l.borrow(), crate::sync::LinkState::Online));
+        if !self.config.prepull || !online {
+            return Ok(());
+        }
+        let mut decider = Decider::new(&self.store);
+        for pod in self.store.list(Kind::Pod)? {
+            let need = decider.decide(&pod.index)?;
+            let Some(target) = need.target().filter(|_| need.needed()) else {
+                continue;
+            };
+            if self.store.pull_requested(&pod.index.uid, target)? {
+                continue;
+            }
+            let req = crate::store::NewRequest {
+                kind: RequestKind::ImagePull,
+                pod_uid: &pod.index.uid,
+                namespace: &pod.index.namespace,
+                name: &pod.index.name,
+                from_hash: pod.index.revision_hash.as_deref(),
+                to_hash: target,
+            };
+            if let crate::store::Recorded::New(r) = self.store.record_request(&req)? {
+                tracing::info!(pod = %r.name, namespace = %r.namespace, revision = %r.to_hash,
+                    "pre-pulling a new revision's images");
+            }
+        }
+        Ok(())
     }
 
     /// Forgets the revision a pod ran on the device once its cached pod has caught up (the
@@ -165,12 +211,18 @@ impl<R: CriRuntime + 'static> Engine<R> {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let mut readiness = steps::Readiness::default();
+        let mut last_error = String::new();
         loop {
             match self.round(req.id, &mut readiness).await {
                 Ok(true) => break,
-                Ok(false) => {}
+                Ok(false) => last_error.clear(),
                 Err(e) => {
-                    tracing::warn!(upgrade = req.id, pod = %req.name, error = %e, "upgrade step failed; retrying");
+                    // Said once per cause, not every second while the runtime is away.
+                    let msg = e.to_string();
+                    if msg != last_error {
+                        tracing::warn!(upgrade = req.id, pod = %req.name, error = %msg, "upgrade cannot go on yet; retrying");
+                        last_error = msg;
+                    }
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
             }
@@ -405,7 +457,7 @@ impl<R: CriRuntime + 'static> Engine<R> {
     }
 
     /// The pod, its plan and both translations; `Err(why)` when the upgrade cannot go on.
-    fn context(&self, rec: &RequestRecord) -> Result<Result<Context, String>, StoreError> {
+    fn context(&self, rec: &RequestRecord) -> Result<Result<Context, String>, UpgradeError> {
         let Some(pod) = self.store.get_by_uid(Kind::Pod, &rec.pod_uid)? else {
             return Ok(Err("the pod is no longer in the cache".into()));
         };
@@ -438,9 +490,16 @@ impl<R: CriRuntime + 'static> Engine<R> {
             node_name: &self.node_name,
             host_ip: self.host_ip.as_deref(),
         };
-        let translate = |v: &Value| -> Result<Result<PodPlan, String>, StoreError> {
+        let translate = |v: &Value| -> Result<Result<PodPlan, String>, UpgradeError> {
             let ctx = desired::context(&self.store, place, &pod, v, 0, None)?;
-            Ok(podspec::translate(v, &ctx).map_err(|e| e.to_string()))
+            match podspec::translate(v, &ctx) {
+                Ok(p) => Ok(Ok(p)),
+                // On its way (not fetched yet): the upgrade waits for it, within its deadline.
+                Err(podspec::PlanError::Missing(m)) if !m.known_absent => {
+                    Err(UpgradeError::NotYet(m.to_string()))
+                }
+                Err(e) => Ok(Err(e.to_string())),
+            }
         };
         let old = match translate(&running)? {
             Ok(p) => p,

@@ -30,6 +30,15 @@ fn of_upgrade(c: &api::Container, id: &str) -> bool {
 }
 
 impl PodNow {
+    /// The ready sandbox to create containers in.
+    fn ready_sandbox(&self) -> Result<&api::PodSandbox, CriError> {
+        self.sandbox.as_ref().ok_or_else(|| CriError::Call {
+            method: "CreateContainer",
+            code: "NoSandbox".into(),
+            message: "the pod has no ready sandbox".into(),
+        })
+    }
+
     /// The next attempt number for container `name`.
     pub fn next_attempt(&self, name: &str) -> u32 {
         self.containers
@@ -244,13 +253,7 @@ pub async fn create_new<R: CriRuntime>(
     c: &ContainerPlan,
     upgrade_id: &str,
 ) -> Result<String, CriError> {
-    let Some(sb) = &now.sandbox else {
-        return Err(CriError::Call {
-            method: "CreateContainer",
-            code: "NoSandbox".into(),
-            message: "the pod has no ready sandbox".into(),
-        });
-    };
+    let sb = now.ready_sandbox()?;
     let attempt = now.next_attempt(&c.name);
     let mut cfg = c.config.clone();
     if let Some(m) = cfg.metadata.as_mut() {
@@ -273,13 +276,7 @@ pub async fn restore<R: CriRuntime>(
     old: &PodPlan,
     c: &ContainerPlan,
 ) -> Result<String, CriError> {
-    let Some(sb) = &now.sandbox else {
-        return Err(CriError::Call {
-            method: "CreateContainer",
-            code: "NoSandbox".into(),
-            message: "the pod has no ready sandbox".into(),
-        });
-    };
+    let sb = now.ready_sandbox()?;
     crate::runtime::act::create_and_start(
         cri,
         &old.name,

@@ -230,3 +230,12 @@ pub fn host_network_sandbox(
         ..Default::default()
     }
 }
+
+/// A free loopback port (tiny race with other processes, acceptable in tests).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
