@@ -1,0 +1,355 @@
+//! One edge node for the upgrade tests and benchmark: the edgehub binary with its own node
+//! name, data dir and local API, the fake apiserver seeded with the recorded cluster (the
+//! `telemetry` pod bound to this node), and the shared containerd of scripts/cri-stack.sh.
+#![allow(dead_code)]
+
+use edgehub::cri::{api, labels, CriClient, CriRuntime};
+use edgehub_testsupport::FakeApiServer;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_edgehub");
+
+pub struct Node {
+    pub server: FakeApiServer,
+    pub dir: tempfile::TempDir,
+    pub config: PathBuf,
+    pub name: String,
+    pub api: String,
+    pub cri: CriClient,
+    pub uid: String,
+    pub child: Option<Child>,
+}
+
+/// A node of its own (tests share one containerd): the recorded telemetry pod bound to it, a
+/// token for its identity, and a config for `edgehub run`.
+pub async fn node(tag: &str) -> Node {
+    let server = FakeApiServer::start().await.unwrap();
+    server.seed_recorded_cluster();
+    server.remove("pods", "vehicle", "gateway-v9hb2");
+    let name = format!("edge-up-{tag}-{}", std::process::id());
+    let uid = format!("up-{tag}-{}", std::process::id());
+    server.modify("pods", "vehicle", "telemetry-sv74m", |p| {
+        p["spec"]["nodeName"] = name.clone().into();
+        p["metadata"]["uid"] = uid.clone().into();
+        // The image's own command prints its version ("hello from 1.0"), so the new process
+        // shows which image it runs.
+        if let Some(c) = p["spec"]["containers"][0].as_object_mut() {
+            c.remove("command");
+        }
+    });
+    let token = format!("token-{name}");
+    server.add_token(&token, &format!("system:node:{name}"));
+    let dir = tempfile::tempdir().unwrap();
+    let kc = server
+        .write_kubeconfig(&dir.path().join("kube"), &token)
+        .unwrap();
+    let socket = crate::common::cri_stack();
+    let api = format!("127.0.0.1:{}", crate::common::free_port());
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "node_name = \"{name}\"\napi_addr = \"{api}\"\ndata_dir = \"{}\"\nkubeconfig = \"{}\"\ncri_socket = \"{}\"\n\
+             [sync]\nbackoff_initial_ms = 50\nbackoff_max_secs = 1\n\
+             [upgrade]\nverify_timeout_secs = 6\n",
+            dir.path().join("data").display(),
+            kc.display(),
+            socket.display()
+        ),
+    )
+    .unwrap();
+    Node {
+        server,
+        dir,
+        config,
+        name,
+        api,
+        cri: CriClient::new(&socket),
+        uid,
+        child: None,
+    }
+}
+
+impl Node {
+    pub fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.arg("--config").arg(&self.config).args(args);
+        c
+    }
+
+    pub fn start(&mut self) {
+        self.start_with(None)
+    }
+
+    /// `edgehub run`, armed to kill itself at `failpoint`.
+    pub fn start_with(&mut self, failpoint: Option<&str>) {
+        let mut cmd = self.cmd(&["run"]);
+        if let Some(f) = failpoint {
+            cmd.env("EDGEHUB_FAILPOINT", f);
+        }
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(self.dir.path().join("edgehub.log"))
+                    .unwrap(),
+            )
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("edgehub.log")).unwrap_or_default()
+    }
+
+    /// One request to the local API.
+    pub fn http(&self, method: &str, path: &str) -> (u16, String) {
+        use std::io::{Read, Write};
+        let Ok(mut s) = std::net::TcpStream::connect(&self.api) else {
+            return (0, String::new());
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        );
+        if s.write_all(req.as_bytes()).is_err() {
+            return (0, String::new());
+        }
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        let code = out
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = out.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+        (code, body)
+    }
+
+    pub fn upgrade_path(&self) -> String {
+        "/openyurt.io/v1/namespaces/vehicle/pods/telemetry-sv74m/upgrade".into()
+    }
+
+    /// The telemetry pod as `GET /pods` serves it.
+    pub fn served(&self) -> Option<Value> {
+        let (code, body) = self.http("GET", "/pods");
+        if code != 200 {
+            return None;
+        }
+        let list: Value = serde_json::from_str(&body).ok()?;
+        list["items"]
+            .as_array()?
+            .iter()
+            .find(|p| p["metadata"]["name"] == "telemetry-sv74m")
+            .cloned()
+    }
+
+    pub fn condition(&self, kind: &str) -> Option<Value> {
+        self.served()?["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == kind)
+            .cloned()
+    }
+
+    /// The telemetry pod's PodNeedUpgrade condition from `GET /pods`.
+    pub fn need(&self) -> Option<Value> {
+        self.condition("PodNeedUpgrade")
+    }
+
+    pub fn state(&self) -> Option<Value> {
+        let (code, body) = self.http("GET", &self.upgrade_path());
+        (code == 200)
+            .then(|| serde_json::from_str(&body).ok())
+            .flatten()
+    }
+
+    pub async fn containers(&self) -> Vec<api::Container> {
+        self.cri
+            .list_containers(HashMap::from([
+                (labels::POD_UID.to_string(), self.uid.clone()),
+                (labels::NODE.to_string(), self.name.clone()),
+            ]))
+            .await
+            .unwrap_or_default()
+    }
+
+    pub async fn running(&self, name: &str) -> Vec<api::Container> {
+        self.containers()
+            .await
+            .into_iter()
+            .filter(|c| {
+                c.state == api::ContainerState::ContainerRunning as i32
+                    && c.labels.get(labels::CONTAINER_NAME).map(String::as_str) == Some(name)
+            })
+            .collect()
+    }
+
+    pub async fn sandboxes(&self) -> Vec<String> {
+        self.cri
+            .list_pod_sandbox(HashMap::from([(
+                labels::NODE.to_string(),
+                self.name.clone(),
+            )]))
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|s| s.state == api::PodSandboxState::SandboxReady as i32)
+            .map(|s| s.id)
+            .collect()
+    }
+
+    pub fn pod_log(&self, container: &str, attempt: u32) -> String {
+        std::fs::read_to_string(
+            self.dir
+                .path()
+                .join("data/pods")
+                .join(&self.uid)
+                .join("logs")
+                .join(format!("{container}_{attempt}.log")),
+        )
+        .unwrap_or_default()
+    }
+
+    /// Online, running the pod at revision 1; then the operator rolls to revision 2, edgehub
+    /// sees it, and the link goes down.
+    pub async fn rolled_and_offline(&mut self) {
+        self.rolled_to_and_offline(None).await
+    }
+
+    /// As [`Self::rolled_and_offline`], then on to a third revision whose app image is
+    /// `image`, when given.
+    pub async fn rolled_to_and_offline(&mut self, image: Option<&str>) {
+        self.start();
+        self.wait_for(60, "the pod runs", |n| async move {
+            n.running("app").await.len() == 1 && n.running("sidecar").await.len() == 1
+        })
+        .await;
+        self.server.roll_telemetry();
+        let mut want = "controllerrevision: 55778fbb9f".to_string();
+        if let Some(image) = image {
+            want = format!(
+                "controllerrevision: {}",
+                third_revision(&self.server, image)
+            );
+        }
+        let want = &want;
+        self.wait_for(
+            30,
+            "PodNeedUpgrade True for the newest revision",
+            |n| async move {
+                n.need()
+                    .is_some_and(|c| c["status"] == "True" && c["message"] == want.as_str())
+            },
+        )
+        .await;
+        self.server.set_offline(true).await.unwrap();
+    }
+
+    /// The edgehub database, read through a second connection.
+    pub fn queued_event_reasons(&self) -> Vec<String> {
+        let Ok(conn) = rusqlite::Connection::open_with_flags(
+            self.dir.path().join("data/edgehub.db"),
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+        ) else {
+            return Vec::new();
+        };
+        let mut stmt = conn.prepare("SELECT body FROM event_queue").unwrap();
+        stmt.query_map([], |r| r.get::<_, String>(0))
+            .unwrap()
+            .filter_map(Result::ok)
+            .filter_map(|b| serde_json::from_str::<Value>(&b).ok())
+            .map(|v| v["reason"].as_str().unwrap_or("").to_string())
+            .collect()
+    }
+
+    pub async fn wait_for<'a, F, Fut>(&'a self, secs: u64, what: &str, f: F)
+    where
+        F: Fn(&'a Node) -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while !f(self).await {
+            assert!(
+                Instant::now() < deadline,
+                "timed out after {secs}s waiting for: {what}\nedgehub log:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub async fn wait_state(&self, secs: u64, want: &[&str]) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            if let Some(s) = self.state() {
+                if want.iter().any(|w| s["state"] == *w) {
+                    return s;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {want:?}; last {:?}\nedgehub log:\n{}",
+                self.state(),
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub async fn clean(mut self) {
+        self.kill9();
+        for sb in self
+            .cri
+            .list_pod_sandbox(HashMap::from([(
+                labels::NODE.to_string(),
+                self.name.clone(),
+            )]))
+            .await
+            .unwrap_or_default()
+        {
+            let _ = self.cri.stop_pod_sandbox(&sb.id).await;
+            let _ = self.cri.remove_pod_sandbox(&sb.id).await;
+        }
+    }
+}
+
+/// A third revision of telemetry whose app runs `image`; returns its hash.
+pub fn third_revision(server: &FakeApiServer, image: &str) -> String {
+    let mut cr = edgehub_testsupport::fixture_body("controllerrevisions_list_rev2")["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["metadata"]["name"] == "telemetry-55778fbb9f")
+        .unwrap()
+        .clone();
+    let hash = format!(
+        "r3{:x}",
+        image.len() * 7919 + image.bytes().map(usize::from).sum::<usize>()
+    );
+    cr["metadata"]["name"] = format!("telemetry-{hash}").into();
+    cr["metadata"]["labels"]["controller-revision-hash"] = hash.clone().into();
+    cr["metadata"]["uid"] = format!("uid-{hash}").into();
+    cr["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("resourceVersion");
+    cr["revision"] = 3.into();
+    cr["data"]["spec"]["template"]["spec"]["containers"][0]["image"] = image.into();
+    server.apply("controllerrevisions", cr);
+    hash
+}
