@@ -8,7 +8,7 @@ mod common;
 mod edge;
 
 use edge::node;
-use edgehub::cri::{api, labels};
+use edgehub::cri::{api, labels, CriRuntime};
 use std::time::{Duration, Instant};
 
 /// busybox 1.0 -> 2.0 with the link down: only the changed container is replaced, in the
@@ -320,5 +320,42 @@ async fn a_new_revision_is_prepulled_and_the_pod_says_so() {
         "/openyurt.io/v1/namespaces/vehicle/pods/telemetry-sv74m/imagepull",
     );
     assert_eq!(code, 200, "{body}");
+    n.clean().await;
+}
+
+/// A change beyond images (an environment variable) recreates the pod: a new sandbox from
+/// the target template (the old one stops first: host network), verified, the old one
+/// removed; the new process sees the new value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_env_change_recreates_the_pod_offline() {
+    let mut n = node("recreate").await;
+    n.edited_and_offline(|spec| {
+        spec["containers"][0]["env"] = serde_json::json!([{"name": "LEVEL", "value": "debug"}]);
+    })
+    .await;
+    let before = n.sandboxes().await;
+    let (code, body) = n.http("POST", &n.upgrade_path());
+    assert_eq!(code, 200, "{body}");
+    let end = n.wait_state(90, &["Done", "RolledBack", "Failed"]).await;
+    assert_eq!(end["state"], "Done", "{end}\n{}", n.log());
+    let after = n.sandboxes().await;
+    assert_eq!(after.len(), 1, "one sandbox");
+    assert_ne!(after, before, "a new sandbox");
+    let app = n.running("app").await;
+    assert_eq!(app.len(), 1);
+    let env = n
+        .cri
+        .exec_sync(&app[0].id, vec!["env".into()], Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&env.stdout).contains("LEVEL=debug"),
+        "the new spec runs"
+    );
+    assert_eq!(n.running("sidecar").await.len(), 1);
+    assert_eq!(n.need().unwrap()["status"], "False");
+    // The runtime keeps the new spec: nothing is recreated again.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(n.running("app").await[0].id, app[0].id);
     n.clean().await;
 }

@@ -9,7 +9,7 @@ use crate::podspec::{self, PodContext};
 use crate::sources::fetch;
 use crate::store::{RunningRevision, Store, StoreError, StoredObject};
 use serde_json::Value;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::Path;
 
 /// Where the runtime keeps a pod's files: `<data_dir>/pods/<uid>`.
@@ -66,8 +66,13 @@ pub fn as_running(pod: &mut Value, running: Option<&RunningRevision>) -> bool {
     if crate::revision::pod_hash(pod) == Some(r.hash.as_str()) {
         return false;
     }
-    let images: BTreeMap<String, String> = serde_json::from_str(&r.images).unwrap_or_default();
-    crate::upgrade::plan::apply_images(pod, &images, &r.hash);
+    match serde_json::from_str::<crate::upgrade::plan::RunningAs>(&r.images) {
+        Ok(how) => how.apply(pod, &r.hash),
+        Err(e) => {
+            tracing::warn!(pod_uid = %r.pod_uid, error = %e, "the runtime map's entry cannot be read; running the cached pod");
+            return false;
+        }
+    }
     true
 }
 

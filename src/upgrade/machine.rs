@@ -160,9 +160,29 @@ pub struct Pair {
 pub struct Observed {
     /// Target images not on the node yet.
     pub missing_images: Vec<String>,
+    /// In place: each changed container. Recreate: each container of the target, its old one
+    /// in the old sandbox and its new one in the new sandbox.
     pub pairs: Vec<Pair>,
-    /// The pod has a ready sandbox to swap containers in.
+    /// The pod has a ready sandbox to swap containers in (in place).
     pub sandbox_ready: bool,
+    /// The recreate path's sandboxes; `None` in place.
+    pub recreate: Option<Sandboxes>,
+}
+
+/// A sandbox as the machine sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pod {
+    pub id: String,
+    pub ready: bool,
+}
+
+/// The recreate path: the pod's old sandbox and the one this upgrade made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sandboxes {
+    pub old: Option<Pod>,
+    pub new: Option<Pod>,
+    /// Host network or host ports: the old sandbox must stop before the new one starts.
+    pub stop_first: bool,
 }
 
 /// The one next thing to do.
@@ -186,6 +206,12 @@ pub enum Step {
         replace: Option<String>,
     },
     RemoveOld(String),
+    /// Recreate: run the new sandbox from the target template and create its containers.
+    CreatePod,
+    /// Recreate: stop a sandbox and its containers (grace period), keeping them.
+    StopPod(String),
+    /// Recreate: stop and remove a sandbox and its containers.
+    RemovePod(String),
     /// Record since when all new containers have been ready (`None`: they are not).
     MarkReady(Option<i64>),
     /// Nothing to do until the runtime changes or time passes.
@@ -203,6 +229,11 @@ fn exited(s: &Option<Seen>) -> Option<&Seen> {
 /// The next step of an upgrade.
 pub fn next(j: &Journal, o: &Observed, now_ms: i64) -> Step {
     let overdue = past(j.deadline_ms, now_ms);
+    if let Some(sb) = &o.recreate {
+        if let Some(step) = next_recreate(j, o, sb, overdue) {
+            return step;
+        }
+    }
     match j.state {
         State::Requested => Step::Go(State::Pulling, None),
         State::Pulling => {
@@ -345,6 +376,76 @@ pub fn next(j: &Journal, o: &Observed, now_ms: i64) -> Step {
         }
         State::Done | State::RolledBack | State::Failed => Step::Wait,
     }
+}
+
+/// The recreate path's steps where they differ from in place: at sandbox granularity.
+/// `None` defers to the shared rules (Pulling, Verifying, terminal states).
+fn next_recreate(j: &Journal, o: &Observed, sb: &Sandboxes, overdue: bool) -> Option<Step> {
+    fn ready(p: &Option<Pod>) -> Option<&Pod> {
+        p.as_ref().filter(|p| p.ready)
+    }
+    Some(match j.state {
+        State::Swapping => {
+            if overdue {
+                return Some(Step::Go(
+                    State::RollingBack,
+                    Some("the new pod did not start in time".into()),
+                ));
+            }
+            if let Some(old) = ready(&sb.old).filter(|_| sb.stop_first) {
+                return Some(Step::StopPod(old.id.clone()));
+            }
+            if ready(&sb.new).is_none() {
+                return Some(match &sb.new {
+                    // A new sandbox that died: start over from a clean one.
+                    Some(dead) => Step::RemovePod(dead.id.clone()),
+                    None => Step::CreatePod,
+                });
+            }
+            for p in &o.pairs {
+                match &p.new {
+                    None => return Some(Step::CreateNew(p.name.clone())),
+                    Some(n) if n.state == Run::Exited => {
+                        return Some(Step::Go(
+                            State::RollingBack,
+                            Some(format!(
+                                "new container {} exited with code {}",
+                                p.name, n.exit_code
+                            )),
+                        ))
+                    }
+                    Some(n) if n.state == Run::Created => return Some(Step::Start(n.id.clone())),
+                    Some(_) => {}
+                }
+            }
+            match ready(&sb.old) {
+                Some(old) => Step::StopPod(old.id.clone()),
+                None => Step::Go(State::Verifying, None),
+            }
+        }
+        State::Committed => match &sb.old {
+            Some(old) => Step::RemovePod(old.id.clone()),
+            None => Step::Go(State::Done, None),
+        },
+        State::RollingBack => {
+            if overdue {
+                return Some(Step::Go(
+                    State::Failed,
+                    Some("the rollback did not finish in time".into()),
+                ));
+            }
+            if let Some(new) = &sb.new {
+                return Some(Step::RemovePod(new.id.clone()));
+            }
+            // A stopped old sandbox cannot run again: it goes, and the runtime starts the
+            // pod afresh from the old spec once the engine lets go of it.
+            match &sb.old {
+                Some(old) if !old.ready => Step::RemovePod(old.id.clone()),
+                _ => Step::Go(State::RolledBack, None),
+            }
+        }
+        _ => return None,
+    })
 }
 
 #[cfg(test)]

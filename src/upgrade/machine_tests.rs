@@ -23,6 +23,25 @@ fn observed(pairs: Vec<Pair>) -> Observed {
         missing_images: Vec::new(),
         pairs,
         sandbox_ready: true,
+        recreate: None,
+    }
+}
+
+fn pod(id: &str, ready: bool) -> Option<Pod> {
+    Some(Pod {
+        id: id.into(),
+        ready,
+    })
+}
+
+fn recreate(old: Option<Pod>, new: Option<Pod>, stop_first: bool, pairs: Vec<Pair>) -> Observed {
+    Observed {
+        recreate: Some(Sandboxes {
+            old,
+            new,
+            stop_first,
+        }),
+        ..observed(pairs)
     }
 }
 
@@ -227,4 +246,83 @@ fn the_swap_never_leaves_a_pod_without_a_running_or_startable_container() {
             }
         }
     }
+}
+
+#[test]
+fn recreate_starts_the_new_pod_before_stopping_the_old_unless_ports_force_stop_first() {
+    let j = journal(State::Swapping);
+    // Pod network: new first.
+    let o = recreate(pod("old", true), None, false, vec![pair(None, None)]);
+    assert_eq!(next(&j, &o, 0), Step::CreatePod);
+    let o = recreate(
+        pod("old", true),
+        pod("new", true),
+        false,
+        vec![pair(None, seen("c", Run::Created))],
+    );
+    assert_eq!(next(&j, &o, 0), Step::Start("c".into()));
+    let o = recreate(
+        pod("old", true),
+        pod("new", true),
+        false,
+        vec![pair(None, seen("c", Run::Running))],
+    );
+    assert_eq!(next(&j, &o, 0), Step::StopPod("old".into()));
+    let o = recreate(
+        pod("old", false),
+        pod("new", true),
+        false,
+        vec![pair(None, seen("c", Run::Running))],
+    );
+    assert_eq!(next(&j, &o, 0), Step::Go(State::Verifying, None));
+    // Host network: the old one stops first.
+    let o = recreate(pod("old", true), None, true, vec![pair(None, None)]);
+    assert_eq!(next(&j, &o, 0), Step::StopPod("old".into()));
+    let o = recreate(pod("old", false), None, true, vec![pair(None, None)]);
+    assert_eq!(next(&j, &o, 0), Step::CreatePod);
+    let o = recreate(
+        pod("old", false),
+        pod("new", false),
+        true,
+        vec![pair(None, None)],
+    );
+    assert_eq!(next(&j, &o, 0), Step::RemovePod("new".into()));
+}
+
+#[test]
+fn recreate_commits_by_removing_the_old_pod_and_rolls_back_by_removing_the_new() {
+    let o = recreate(
+        pod("old", false),
+        pod("new", true),
+        true,
+        vec![pair(None, seen("c", Run::Running))],
+    );
+    assert_eq!(
+        next(&journal(State::Committed), &o, 0),
+        Step::RemovePod("old".into())
+    );
+    let o = recreate(
+        None,
+        pod("new", true),
+        true,
+        vec![pair(None, seen("c", Run::Running))],
+    );
+    assert_eq!(
+        next(&journal(State::Committed), &o, 0),
+        Step::Go(State::Done, None)
+    );
+    let j = journal(State::RollingBack);
+    let o = recreate(
+        pod("old", false),
+        pod("new", true),
+        true,
+        vec![pair(None, seen("c", Run::Running))],
+    );
+    assert_eq!(next(&j, &o, 0), Step::RemovePod("new".into()));
+    let o = recreate(pod("old", false), None, true, vec![pair(None, None)]);
+    assert_eq!(next(&j, &o, 0), Step::RemovePod("old".into()));
+    let o = recreate(pod("old", true), None, false, vec![pair(None, None)]);
+    assert_eq!(next(&j, &o, 0), Step::Go(State::RolledBack, None));
+    let o = recreate(None, None, true, vec![pair(None, None)]);
+    assert_eq!(next(&j, &o, 0), Step::Go(State::RolledBack, None));
 }

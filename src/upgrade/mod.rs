@@ -27,7 +27,7 @@ use crate::store::{
     StoredObject,
 };
 use machine::{Deadlines, Journal, State, Step};
-use plan::{Mode, UpgradePlan};
+use plan::{Mode, RunningAs, UpgradePlan};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -92,6 +92,10 @@ struct Context {
     /// The pod as it runs before the upgrade (for a rollback), and after it.
     old: PodPlan,
     target: PodPlan,
+    /// The pod after the upgrade, as JSON, and its translation context (a recreate runs a
+    /// sandbox from it).
+    target_json: Value,
+    target_ctx: podspec::PodContext,
 }
 
 fn now_ms() -> i64 {
@@ -313,6 +317,29 @@ impl<R: CriRuntime + 'static> Engine<R> {
                     steps::restore(cri, &fresh, &ctx.old, c).await?;
                 }
             }
+            Step::CreatePod => {
+                match steps::create_pod(
+                    cri,
+                    &now,
+                    &ctx.target_json,
+                    ctx.target_ctx.clone(),
+                    &id.to_string(),
+                )
+                .await
+                {
+                    Ok(_) => {}
+                    Err(steps::StepFailure::Cri(e)) => return Err(e.into()),
+                    Err(steps::StepFailure::Other(why)) => {
+                        self.go(&rec, state, State::RollingBack, Some(why), Some(&ctx), None)?;
+                    }
+                }
+            }
+            Step::StopPod(sb) => {
+                steps::stop_pod(cri, &now, &sb, ctx.old.grace_period_secs, false).await?
+            }
+            Step::RemovePod(sb) => {
+                steps::stop_pod(cri, &now, &sb, ctx.old.grace_period_secs, true).await?
+            }
             Step::MarkReady(since) => self.store.set_ready_since(id, state.as_str(), since)?,
             Step::Wait => tokio::time::sleep(self.config.poll).await,
         }
@@ -327,6 +354,9 @@ impl<R: CriRuntime + 'static> Engine<R> {
         now: &steps::PodNow,
     ) -> Result<String, UpgradeError> {
         let mut plan = ctx.plan.clone();
+        if plan.mode == Mode::Recreate {
+            return Ok(serde_json::to_string(&plan).unwrap_or_default());
+        }
         let mut keep = Vec::new();
         for ch in plan.changes.drain(..) {
             let (old, _) = now.pair(&ch.container, "");
@@ -402,16 +432,26 @@ impl<R: CriRuntime + 'static> Engine<R> {
             )),
             State::Committed => {
                 if let Some(c) = ctx {
-                    let mut images: BTreeMap<String, String> = self
-                        .store
-                        .running_revision(&rec.pod_uid)?
-                        .and_then(|r| serde_json::from_str(&r.images).ok())
-                        .unwrap_or_default();
-                    images.extend(plan::images(&c.plan));
+                    let how = match (&c.plan.mode, &c.plan.target_spec) {
+                        (Mode::Recreate, Some(spec)) => RunningAs::Spec(spec.clone()),
+                        _ => {
+                            // Images committed earlier stay, unless this upgrade changes them.
+                            let mut images = match self
+                                .store
+                                .running_revision(&rec.pod_uid)?
+                                .and_then(|r| serde_json::from_str::<RunningAs>(&r.images).ok())
+                            {
+                                Some(RunningAs::Images(i)) => i,
+                                _ => BTreeMap::new(),
+                            };
+                            images.extend(plan::images(&c.plan));
+                            RunningAs::Images(images)
+                        }
+                    };
                     effects.running = Some(RunningRevision {
                         pod_uid: rec.pod_uid.clone(),
                         hash: rec.to_hash.clone(),
-                        images: serde_json::to_string(&images).unwrap_or_default(),
+                        images: serde_json::to_string(&how).unwrap_or_default(),
                         committed_ms: now_ms(),
                     });
                 }
@@ -477,14 +517,25 @@ impl<R: CriRuntime + 'static> Engine<R> {
                 Err(why) => return Ok(Err(why)),
             },
         };
-        if plan.mode == Mode::Recreate {
-            return Ok(Err(format!(
-                "the new revision changes more than images ({}); recreating a pod offline is not supported yet",
-                plan.recreate_because.join("; ")
-            )));
-        }
         let mut target = running.clone();
-        plan::apply_images(&mut target, &plan::images(&plan), &rec.to_hash);
+        match (&plan.mode, &plan.target_spec) {
+            (Mode::Recreate, Some(spec)) => plan::recreate_target(&mut target, spec, &rec.to_hash),
+            (Mode::Recreate, None) => {
+                return Ok(Err("the journal's recreate plan has no target spec".into()))
+            }
+            (Mode::InPlace, _) => {
+                plan::apply_images(&mut target, &plan::images(&plan), &rec.to_hash)
+            }
+        }
+        let has_init = target
+            .pointer("/spec/initContainers")
+            .and_then(Value::as_array)
+            .is_some_and(|a| !a.is_empty());
+        if plan.mode == Mode::Recreate && has_init {
+            return Ok(Err(
+                "recreating a pod with init containers offline is not supported yet".into(),
+            ));
+        }
         let place = Place {
             data_dir: &self.data_dir,
             node_name: &self.node_name,
@@ -505,15 +556,18 @@ impl<R: CriRuntime + 'static> Engine<R> {
             Ok(p) => p,
             Err(e) => return Ok(Err(e)),
         };
-        let target = match translate(&target)? {
+        let target_plan = match translate(&target)? {
             Ok(p) => p,
             Err(e) => return Ok(Err(e)),
         };
+        let target_ctx = desired::context(&self.store, place, &pod, &target, 0, None)?;
         Ok(Ok(Context {
             pod,
             plan,
             old,
-            target,
+            target: target_plan,
+            target_json: target,
+            target_ctx,
         }))
     }
 
@@ -605,6 +659,9 @@ fn step_name(s: &Step) -> &'static str {
         Step::RemoveNew(_) => "RemoveNew",
         Step::RestoreOld { .. } => "RestoreOld",
         Step::RemoveOld(_) => "RemoveOld",
+        Step::CreatePod => "CreatePod",
+        Step::StopPod(_) => "StopPod",
+        Step::RemovePod(_) => "RemovePod",
         Step::MarkReady(_) => "MarkReady",
         Step::Wait => "Wait",
     }

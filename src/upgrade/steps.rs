@@ -2,18 +2,24 @@
 //! carried out against the CRI. Every step is idempotent: an object already gone counts as
 //! removed, and a container is told old from new by the upgrade id label it carries.
 
-use super::machine::{Observed, Pair, Run, Seen};
-use super::plan::UpgradePlan;
+use super::machine::{Observed, Pair, Pod as MPod, Run, Sandboxes, Seen};
+use super::plan::{Mode, UpgradePlan};
 use crate::cri::{api, labels, CriError, CriRuntime};
 use crate::podspec::{ContainerPlan, PodPlan};
 use crate::runtime::probes::{self, ProbeSpec, ProbeState};
 use std::collections::HashMap;
 use std::time::Instant;
 
-/// The pod's containers in its ready sandbox.
+/// The pod's sandboxes and containers, as the runtime shows them now.
 #[derive(Debug, Clone, Default)]
 pub struct PodNow {
+    /// The ready sandbox with the highest attempt: where an in-place swap happens.
     pub sandbox: Option<api::PodSandbox>,
+    /// Every sandbox of the pod.
+    pub sandboxes: Vec<api::PodSandbox>,
+    /// Every container of the pod, in any sandbox.
+    pub all: Vec<api::Container>,
+    /// The containers of `sandbox`.
     pub containers: Vec<api::Container>,
 }
 
@@ -21,12 +27,20 @@ fn attempt(c: &api::Container) -> u32 {
     c.metadata.as_ref().map(|m| m.attempt).unwrap_or(0)
 }
 
+fn sandbox_attempt(s: &api::PodSandbox) -> u32 {
+    s.metadata.as_ref().map(|m| m.attempt).unwrap_or(0)
+}
+
 fn named(c: &api::Container, name: &str) -> bool {
     c.labels.get(labels::CONTAINER_NAME).map(String::as_str) == Some(name)
 }
 
-fn of_upgrade(c: &api::Container, id: &str) -> bool {
-    c.labels.get(labels::UPGRADE_ID).map(String::as_str) == Some(id)
+fn of_upgrade(l: &HashMap<String, String>, id: &str) -> bool {
+    l.get(labels::UPGRADE_ID).map(String::as_str) == Some(id)
+}
+
+fn ready(s: &api::PodSandbox) -> bool {
+    s.state == api::PodSandboxState::SandboxReady as i32
 }
 
 impl PodNow {
@@ -49,7 +63,27 @@ impl PodNow {
             .unwrap_or(0)
     }
 
-    /// The newest container of `name` this upgrade made, and the newest other one.
+    /// The next attempt number for container `name` counting every sandbox of the pod: the
+    /// runtime reserves a container's name (which includes its attempt) until it is removed.
+    pub fn next_attempt_anywhere(&self, name: &str) -> u32 {
+        self.all
+            .iter()
+            .filter(|c| named(c, name))
+            .map(|c| attempt(c) + 1)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The attempt number for the pod's next sandbox.
+    pub fn next_sandbox_attempt(&self) -> u32 {
+        self.sandboxes
+            .iter()
+            .map(|s| sandbox_attempt(s) + 1)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// In place: the newest container of `name` this upgrade made, and the newest other one.
     pub fn pair(
         &self,
         name: &str,
@@ -58,36 +92,62 @@ impl PodNow {
         let newest = |new: bool| {
             self.containers
                 .iter()
-                .filter(|c| named(c, name) && of_upgrade(c, upgrade_id) == new)
+                .filter(|c| named(c, name) && of_upgrade(&c.labels, upgrade_id) == new)
                 .max_by_key(|c| attempt(c))
         };
         (newest(false), newest(true))
     }
+
+    /// Recreate: the newest sandbox this upgrade made, and the newest other one.
+    pub fn pods(&self, upgrade_id: &str) -> (Option<&api::PodSandbox>, Option<&api::PodSandbox>) {
+        let newest = |new: bool| {
+            self.sandboxes
+                .iter()
+                .filter(|s| of_upgrade(&s.labels, upgrade_id) == new)
+                .max_by_key(|s| sandbox_attempt(s))
+        };
+        (newest(false), newest(true))
+    }
+
+    /// The newest container of `name` in sandbox `sb`.
+    pub fn in_sandbox(&self, sb: &str, name: &str) -> Option<&api::Container> {
+        self.all
+            .iter()
+            .filter(|c| c.pod_sandbox_id == sb && named(c, name))
+            .max_by_key(|c| attempt(c))
+    }
+
+    /// The containers of sandbox `sb`.
+    pub fn of_sandbox<'a>(&'a self, sb: &'a str) -> impl Iterator<Item = &'a api::Container> {
+        self.all.iter().filter(move |c| c.pod_sandbox_id == sb)
+    }
 }
 
-/// Reads the pod's ready sandbox and its containers.
+/// Reads the pod's sandboxes and containers.
 pub async fn pod_now<R: CriRuntime>(cri: &R, uid: &str, node: &str) -> Result<PodNow, CriError> {
     let sel = HashMap::from([
         (labels::POD_UID.to_string(), uid.to_string()),
         (labels::NODE.to_string(), node.to_string()),
     ]);
-    let sandbox = cri
-        .list_pod_sandbox(sel.clone())
-        .await?
-        .into_iter()
-        .filter(|s| s.state == api::PodSandboxState::SandboxReady as i32)
-        .max_by_key(|s| s.metadata.as_ref().map(|m| m.attempt).unwrap_or(0));
+    let sandboxes = cri.list_pod_sandbox(sel.clone()).await?;
+    let all = cri.list_containers(sel).await?;
+    let sandbox = sandboxes
+        .iter()
+        .filter(|s| ready(s))
+        .max_by_key(|s| sandbox_attempt(s))
+        .cloned();
     let containers = match &sandbox {
-        Some(sb) => cri
-            .list_containers(sel)
-            .await?
-            .into_iter()
+        Some(sb) => all
+            .iter()
             .filter(|c| c.pod_sandbox_id == sb.id)
+            .cloned()
             .collect(),
         None => Vec::new(),
     };
     Ok(PodNow {
         sandbox,
+        sandboxes,
+        all,
         containers,
     })
 }
@@ -143,13 +203,25 @@ pub async fn observe<R: CriRuntime>(
 ) -> Result<Observed, CriError> {
     let mut missing = Vec::new();
     if check_images {
-        for c in &plan.changes {
-            if cri.image_status(&c.to).await?.is_none() && !missing.contains(&c.to) {
-                missing.push(c.to.clone());
+        let wanted: Vec<&String> = match plan.mode {
+            Mode::InPlace => plan.changes.iter().map(|c| &c.to).collect(),
+            Mode::Recreate => target
+                .containers
+                .iter()
+                .chain(&target.init_containers)
+                .map(|c| &c.image)
+                .collect(),
+        };
+        for img in wanted {
+            if cri.image_status(img).await?.is_none() && !missing.contains(img) {
+                missing.push(img.clone());
             }
         }
     }
     let ip = target.pod_ip.clone().unwrap_or_else(|| "127.0.0.1".into());
+    if plan.mode == Mode::Recreate {
+        return observe_recreate(cri, now, target, upgrade_id, missing, &ip, readiness).await;
+    }
     let mut pairs = Vec::new();
     for ch in &plan.changes {
         let (old, new) = now.pair(&ch.container, upgrade_id);
@@ -184,6 +256,62 @@ pub async fn observe<R: CriRuntime>(
         missing_images: missing,
         pairs,
         sandbox_ready: now.sandbox.is_some(),
+        recreate: None,
+    })
+}
+
+/// The recreate path: the old sandbox and the new one, and each target container's old and
+/// new instance.
+async fn observe_recreate<R: CriRuntime>(
+    cri: &R,
+    now: &PodNow,
+    target: &PodPlan,
+    upgrade_id: &str,
+    missing: Vec<String>,
+    ip: &str,
+    readiness: &mut Readiness,
+) -> Result<Observed, CriError> {
+    let (old_sb, new_sb) = now.pods(upgrade_id);
+    let mut pairs = Vec::new();
+    for c in &target.containers {
+        let old = match old_sb.and_then(|sb| now.in_sandbox(&sb.id, &c.name)) {
+            Some(o) => Some(seen(cri, o, None).await?),
+            None => None,
+        };
+        let new = match new_sb.and_then(|sb| now.in_sandbox(&sb.id, &c.name)) {
+            Some(n) => {
+                let r = if n.state == api::ContainerState::ContainerRunning as i32 {
+                    readiness.check(cri, &n.id, ip, c.readiness.as_ref()).await
+                } else {
+                    c.readiness.as_ref().map(|_| false)
+                };
+                Some(seen(cri, n, r).await?)
+            }
+            None => None,
+        };
+        pairs.push(Pair {
+            name: c.name.clone(),
+            old,
+            new,
+        });
+    }
+    let pod = |s: Option<&api::PodSandbox>| {
+        s.map(|s| MPod {
+            id: s.id.clone(),
+            ready: ready(s),
+        })
+    };
+    let stop_first =
+        target.host_network || target.sandbox.port_mappings.iter().any(|p| p.host_port > 0);
+    Ok(Observed {
+        missing_images: missing,
+        pairs,
+        sandbox_ready: new_sb.is_some_and(ready),
+        recreate: Some(Sandboxes {
+            old: pod(old_sb),
+            new: pod(new_sb),
+            stop_first,
+        }),
     })
 }
 
@@ -253,8 +381,19 @@ pub async fn create_new<R: CriRuntime>(
     c: &ContainerPlan,
     upgrade_id: &str,
 ) -> Result<String, CriError> {
-    let sb = now.ready_sandbox()?;
-    let attempt = now.next_attempt(&c.name);
+    let recreate = now
+        .pods(upgrade_id)
+        .1
+        .filter(|s| s.labels.contains_key(labels::UPGRADE_ID));
+    let sb = match recreate {
+        Some(s) => s,
+        None => now.ready_sandbox()?,
+    };
+    let attempt = if recreate.is_some() {
+        now.next_attempt_anywhere(&c.name)
+    } else {
+        now.next_attempt(&c.name)
+    };
     let mut cfg = c.config.clone();
     if let Some(m) = cfg.metadata.as_mut() {
         m.attempt = attempt;
@@ -293,4 +432,80 @@ pub fn ignore_missing(r: Result<(), CriError>) -> Result<(), CriError> {
         Err(e) if e.is_not_found() => Ok(()),
         other => other,
     }
+}
+
+/// Recreate: prepares the target's volumes, runs the new sandbox (labelled with the upgrade
+/// id, the pod's next attempt) and creates its containers, not started. Returns the plan as
+/// translated with the new sandbox's address (for a pod-network pod's `status.podIP`).
+pub async fn create_pod<R: CriRuntime>(
+    cri: &R,
+    now: &PodNow,
+    target_json: &serde_json::Value,
+    mut ctx: crate::podspec::PodContext,
+    upgrade_id: &str,
+) -> Result<PodPlan, StepFailure> {
+    ctx.attempt = now.next_sandbox_attempt();
+    let mut plan = crate::podspec::translate(target_json, &ctx)
+        .map_err(|e| StepFailure::Other(e.to_string()))?;
+    crate::volumes::prepare(&plan, &ctx).map_err(|e| StepFailure::Other(e.to_string()))?;
+    let mut cfg = plan.sandbox.clone();
+    cfg.labels
+        .insert(labels::UPGRADE_ID.to_string(), upgrade_id.to_string());
+    let id = cri.run_pod_sandbox(cfg.clone()).await?;
+    tracing::info!(pod = %plan.name, sandbox = %id, upgrade = %upgrade_id, "new sandbox started");
+    if !plan.host_network {
+        ctx.pod_ip = match cri.pod_sandbox_status(&id).await {
+            Ok(st) => st
+                .and_then(|s| s.network)
+                .map(|n| n.ip)
+                .filter(|ip| !ip.is_empty()),
+            Err(e) if e.is_not_found() => None,
+            Err(e) => return Err(e.into()),
+        };
+        plan = crate::podspec::translate(target_json, &ctx)
+            .map_err(|e| StepFailure::Other(e.to_string()))?;
+    }
+    for c in &plan.containers {
+        let attempt = now.next_attempt_anywhere(&c.name);
+        let mut ccfg = c.config.clone();
+        if let Some(m) = ccfg.metadata.as_mut() {
+            m.attempt = attempt;
+        }
+        ccfg.labels
+            .insert(labels::UPGRADE_ID.to_string(), upgrade_id.to_string());
+        ccfg.log_path = format!("{}_{attempt}.log", c.name);
+        cri.create_container(&id, ccfg, cfg.clone()).await?;
+    }
+    Ok(plan)
+}
+
+/// Stops a sandbox's containers (with the grace period) and the sandbox; with `remove`, removes
+/// them too.
+pub async fn stop_pod<R: CriRuntime>(
+    cri: &R,
+    now: &PodNow,
+    sandbox_id: &str,
+    grace_secs: i64,
+    remove: bool,
+) -> Result<(), CriError> {
+    for c in now.of_sandbox(sandbox_id) {
+        ignore_missing(cri.stop_container(&c.id, grace_secs).await)?;
+        if remove {
+            ignore_missing(cri.remove_container(&c.id).await)?;
+        }
+    }
+    ignore_missing(cri.stop_pod_sandbox(sandbox_id).await)?;
+    if remove {
+        ignore_missing(cri.remove_pod_sandbox(sandbox_id).await)?;
+    }
+    Ok(())
+}
+
+/// A step that failed: the runtime, or what the step was given.
+#[derive(Debug, thiserror::Error)]
+pub enum StepFailure {
+    #[error(transparent)]
+    Cri(#[from] CriError),
+    #[error("{0}")]
+    Other(String),
 }

@@ -247,6 +247,24 @@ impl Node {
                 third_revision(&self.server, image)
             );
         }
+        self.offline_when_needed(want).await;
+    }
+
+    /// Online and running revision 1; then a third revision edited by `edit`; then offline.
+    pub async fn edited_and_offline(&mut self, edit: impl FnOnce(&mut Value)) {
+        self.start();
+        self.wait_for(60, "the pod runs", |n| async move {
+            n.running("app").await.len() == 1 && n.running("sidecar").await.len() == 1
+        })
+        .await;
+        self.server.roll_telemetry();
+        let hash = third_revision_with(&self.server, "edited", edit);
+        self.offline_when_needed(format!("controllerrevision: {hash}"))
+            .await;
+    }
+
+    /// Waits for PodNeedUpgrade True naming `want`, then cuts the link.
+    async fn offline_when_needed(&mut self, want: String) {
         let want = &want;
         self.wait_for(
             30,
@@ -330,6 +348,19 @@ impl Node {
 
 /// A third revision of telemetry whose app runs `image`; returns its hash.
 pub fn third_revision(server: &FakeApiServer, image: &str) -> String {
+    let owned = image.to_string();
+    third_revision_with(server, image, move |spec| {
+        spec["containers"][0]["image"] = owned.into();
+    })
+}
+
+/// A third revision of telemetry, its template's spec edited by `edit`; returns its hash
+/// (derived from `tag`).
+pub fn third_revision_with(
+    server: &FakeApiServer,
+    tag: &str,
+    edit: impl FnOnce(&mut Value),
+) -> String {
     let mut cr = edgehub_testsupport::fixture_body("controllerrevisions_list_rev2")["items"]
         .as_array()
         .unwrap()
@@ -339,7 +370,7 @@ pub fn third_revision(server: &FakeApiServer, image: &str) -> String {
         .clone();
     let hash = format!(
         "r3{:x}",
-        image.len() * 7919 + image.bytes().map(usize::from).sum::<usize>()
+        tag.len() * 7919 + tag.bytes().map(usize::from).sum::<usize>()
     );
     cr["metadata"]["name"] = format!("telemetry-{hash}").into();
     cr["metadata"]["labels"]["controller-revision-hash"] = hash.clone().into();
@@ -349,7 +380,7 @@ pub fn third_revision(server: &FakeApiServer, image: &str) -> String {
         .unwrap()
         .remove("resourceVersion");
     cr["revision"] = 3.into();
-    cr["data"]["spec"]["template"]["spec"]["containers"][0]["image"] = image.into();
+    edit(&mut cr["data"]["spec"]["template"]["spec"]);
     server.apply("controllerrevisions", cr);
     hash
 }
