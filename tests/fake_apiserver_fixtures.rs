@@ -502,7 +502,8 @@ fn event_types(events: &[Value]) -> Vec<String> {
 #[tokio::test]
 async fn watches_stream_as_recorded() {
     let s = server().await;
-    s.set_bookmark_interval(Duration::from_millis(300));
+    // Long enough for both patches to land first, even under qemu.
+    s.set_bookmark_interval(Duration::from_millis(1500));
 
     // Streaming list: ADDED per object, then a BOOKMARK marking the end of initial events.
     let f = fixture("pods_watchlist_initial_events");
