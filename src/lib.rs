@@ -20,6 +20,7 @@ pub mod config;
 pub mod cri;
 pub mod kube;
 pub mod local_client;
+pub mod logs;
 pub mod names;
 pub mod need_upgrade;
 pub mod node;
