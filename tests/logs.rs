@@ -1,8 +1,8 @@
 //! `edgehub logs` end to end: a real `edgehub run` runs a pod in containerd (the stack of
 //! scripts/cri-stack.sh), and the CLI reads the container's CRI log files through the local
-//! API: the lines, a line containerd split into parts, `--tail`, `-f`, `--previous` after a
-//! restart, the default container, offline, and the 400s and 404s. Needs root; without it
-//! this fails, loudly.
+//! API: the lines, a line containerd split into parts, `--tail`, `-f` (and its end when the
+//! container restarts or the pod is deleted), `--previous` after a restart, the default
+//! container, offline, and the 400s and 404s. Needs root; without it this fails, loudly.
 
 mod common;
 
@@ -359,5 +359,23 @@ async fn edgehub_logs_reads_a_real_containers_cri_logs() {
     .unwrap();
     for a in answers {
         assert_eq!(a.status, 400, "{}", a.body);
+    }
+
+    // A follow ends when its pod leaves the cache: the link returns and the pod is deleted
+    // in the cloud.
+    let mut follow = env
+        .cmd(&["logs", &target, "-c", "ticker", "-f", "--tail", "1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let rx = lines_of(&mut follow);
+    tick(&rx.recv_timeout(Duration::from_secs(10)).unwrap());
+    env.server.set_offline(false).await.unwrap();
+    env.server.remove("pods", NS, "chatty");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while follow.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "-f ends once the pod is deleted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -10,11 +10,13 @@
 use super::{ApiState, Reply};
 use crate::logs::{self, Choice, LogReader, LogsError, Options};
 use crate::object::Kind;
+use crate::store::Store;
 use bytes::Bytes;
 use hyper::body::Frame;
 use std::convert::Infallible;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -25,7 +27,6 @@ const FOLLOW_POLL: Duration = Duration::from_millis(200);
 const CHANNEL: usize = 4;
 
 /// An opened log, ready to stream.
-#[derive(Debug)]
 pub struct LogStream {
     reader: LogReader<std::fs::File>,
     follow: bool,
@@ -34,6 +35,20 @@ pub struct LogStream {
     attempt: u32,
     path: PathBuf,
     pub choice: Choice,
+    /// The pod, to notice when it leaves the cache.
+    store: Arc<Store>,
+    namespace: String,
+    name: String,
+    uid: String,
+}
+
+impl std::fmt::Debug for LogStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogStream")
+            .field("path", &self.path)
+            .field("follow", &self.follow)
+            .finish()
+    }
 }
 
 /// The data directory: the store's file lives in it (`Config::db_path`), and so do the
@@ -90,6 +105,10 @@ pub fn open(
         attempt,
         path,
         choice,
+        store: state.store.clone(),
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+        uid: pod.index.uid,
     })
 }
 
@@ -109,16 +128,24 @@ impl LogStream {
         LogBody { rx }
     }
 
-    /// Whether the container this follows was replaced (a newer attempt's file exists) or
-    /// its file removed (the pod is gone): then there is nothing more to wait for, as
-    /// `kubectl logs -f` ends when its container stops.
+    /// Whether there is nothing more to wait for, as `kubectl logs -f` ends when its
+    /// container stops: the container was replaced (a newer attempt's file exists), its file
+    /// was removed, or the pod left the cache (deleted, or replaced by one of another uid).
+    /// A container that stops for good without a restart is not seen here (the API has no
+    /// view of container states); the client ends such a follow.
     fn superseded(&self) -> bool {
         if !self.path.exists() {
             return true;
         }
-        logs::attempts(&self.dir, &self.choice.container)
+        let replaced = logs::attempts(&self.dir, &self.choice.container)
             .map(|found| found.iter().any(|(a, _)| *a > self.attempt))
-            .unwrap_or(true)
+            .unwrap_or(true);
+        // A store error is passing (a busy database): keep following.
+        let gone = match self.store.get(Kind::Pod, &self.namespace, &self.name) {
+            Ok(p) => p.is_none_or(|p| p.index.uid != self.uid),
+            Err(_) => false,
+        };
+        replaced || gone
     }
 }
 
