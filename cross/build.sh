@@ -22,8 +22,6 @@ if ! python3 -c 'import ziglang' 2>/dev/null; then
 fi
 command -v cargo-zigbuild >/dev/null 2>&1 || { log "cargo install cargo-zigbuild"; cargo install --locked --quiet cargo-zigbuild; }
 command -v file >/dev/null 2>&1 || { log "apt-get install file"; apt-get install -y -qq file >/dev/null; }
-# The CRI client's build script runs protoc on the host.
-command -v protoc >/dev/null 2>&1 || { log "apt-get install protobuf-compiler"; apt-get install -y -qq protobuf-compiler >/dev/null; }
 
 for t in $targets; do
     log "building $t (release: opt-level z, LTO, 1 codegen unit, panic=abort, stripped)"

@@ -12,6 +12,7 @@
 #   scripts/cri-stack.sh start    # idempotent; prints the CRI socket path last
 #   scripts/cri-stack.sh stop     # stops containers, containerd and the registry by PID
 #   scripts/cri-stack.sh socket   # prints the CRI socket path
+#   scripts/cri-stack.sh status   # exit 0 when this stack's containerd is running
 #
 # Needs root (containerd, runc). Facts this follows: ../shared/notes/cri-stack.md.
 set -euo pipefail
@@ -28,18 +29,6 @@ need_root() {
     if [ "$(id -u)" != 0 ]; then
         echo "error: the CRI stack needs root (containerd and runc); run as root" >&2
         exit 1
-    fi
-}
-
-install_packages() {
-    local need=() p
-    for p in containerd runc docker-registry skopeo busybox-static containernetworking-plugins iptables; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
-    done
-    if ((${#need[@]})); then
-        log "installing ${need[*]}"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
     fi
 }
 
@@ -206,7 +195,8 @@ EOF
 
 start() {
     need_root
-    install_packages
+    # The packages come from the one setup script the demo and the tests share.
+    bash scripts/setup.sh cri
     mkdir -p "$D"
     # Tests start the stack from several processes at once: one at a time.
     exec 9>"$D/start.lock"
@@ -266,5 +256,6 @@ case "${1:-}" in
     start) start ;;
     stop) stop ;;
     socket) echo "$SOCK" ;;
-    *) echo "usage: $0 start|stop|socket" >&2; exit 2 ;;
+    status) alive "$D/containerd.pid" ;;
+    *) echo "usage: $0 start|stop|socket|status" >&2; exit 2 ;;
 esac

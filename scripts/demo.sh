@@ -9,33 +9,42 @@
 #   4. the link to the cloud goes down; the OTA manager asks edgehub, over OpenYurt's local
 #      API, which pods need an upgrade, and triggers one, all offline;
 #   5. edgehub restarts with the link still down and serves and runs from its cache.
-# Run as root on Debian 12. Everything lives under ./.demo and target/cri-stack and is stopped
-# on exit. The upgrade itself stops at "Requested" until the upgrade engine lands.
+# Run as root on Debian 12; scripts/setup.sh installs what is missing (the same script
+# scripts/test.sh uses). Everything lives under ./.demo and target/cri-stack and is stopped
+# on exit; a CRI stack that was already running is left running, with the demo's two pods.
+# The upgrade itself stops at "Requested" until the upgrade engine lands. tests/demo.rs runs
+# this script and checks its key lines.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 log() { printf '\n==> %s\n' "$*"; }
 
-need=()
-for p in sqlite3 curl gcc libc6-dev; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
-done
-if ((${#need[@]})); then
-    log "installing ${need[*]}"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
-fi
-command -v cargo >/dev/null || { echo "error: cargo not found; install Rust >= 1.89 with rustup" >&2; exit 1; }
+# The packages, the Rust version and the CRI stack's tools, as scripts/test.sh gets them.
+bash scripts/setup.sh demo
 
-log "building edgehub and the test apiserver (release)"
-cargo build --release --locked --quiet --bin edgehub -p edgehub
-cargo build --release --locked --quiet --bin fake-apiserver -p edgehub-testsupport
+# EDGEHUB_DEMO_PROFILE=dev builds the debug profile (what the test suite's run of this demo
+# uses: it is already built); EDGEHUB_DEMO_DIR moves the work directory.
+profile=${EDGEHUB_DEMO_PROFILE:-release}
+case "$profile" in
+    release) build_flags=(--release) ;;
+    dev) build_flags=() ;;
+    *) echo "error: EDGEHUB_DEMO_PROFILE is release or dev, not $profile" >&2; exit 2 ;;
+esac
+bin=${CARGO_TARGET_DIR:-target}/$([ "$profile" = dev ] && echo debug || echo release)
+log "building edgehub and the test apiserver ($profile)"
+cargo build "${build_flags[@]}" --locked --quiet -p edgehub -p edgehub-testsupport \
+    --bin edgehub --bin fake-apiserver
 
-work=.demo
+work=$(realpath -m "${EDGEHUB_DEMO_DIR:-.demo}")
+[ "$work" != / ] || { echo "error: EDGEHUB_DEMO_DIR is /" >&2; exit 2; }
 rm -rf "$work" && mkdir -p "$work"
+# A stack that was already running (the test suite's, say) is left running.
+stack_was_running=false
+bash scripts/cri-stack.sh status && stack_was_running=true
 pids=()
 cleanup() {
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
     wait 2>/dev/null || true
-    bash scripts/cri-stack.sh stop >/dev/null 2>&1 || true
+    $stack_was_running || bash scripts/cri-stack.sh stop >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
 api=127.0.0.1:10267
@@ -43,8 +52,8 @@ api=127.0.0.1:10267
 log "starting containerd, a local registry and test images (scripts/cri-stack.sh)"
 cri=$(bash scripts/cri-stack.sh start)
 echo "CRI socket: $cri"
-EH=(target/release/edgehub --node-name edge-1 --data-dir "$PWD/$work/data"
-    --kubeconfig "$PWD/$work/kube/kubeconfig" --api-addr "$api" --cri-socket "$cri")
+EH=("$bin/edgehub" --node-name edge-1 --data-dir "$work/data"
+    --kubeconfig "$work/kube/kubeconfig" --api-addr "$api" --cri-socket "$cri")
 eh() { "${EH[@]}" "$@"; }
 run_edgehub() {
     # Another process answering on the port would make this demo talk to it instead.
@@ -66,7 +75,7 @@ run_edgehub() {
 }
 
 log "starting the test apiserver on 127.0.0.1:16443 (it rolls telemetry after 6 s)"
-target/release/fake-apiserver --listen 127.0.0.1:16443 --kubeconfig-dir "$work/kube" \
+"$bin/fake-apiserver" --listen 127.0.0.1:16443 --kubeconfig-dir "$work/kube" \
     --roll-telemetry-after 6 >"$work/apiserver.log" 2>&1 &
 apiserver_pid=$!
 pids+=($apiserver_pid)
@@ -78,9 +87,11 @@ run_edgehub
 sleep 2
 sqlite3 -column -header "$work/data/edgehub.db" \
     "SELECT kind, namespace, name, resource_version AS rv, revision_hash AS hash, revision FROM objects ORDER BY kind, name;"
-log "the pods run in containerd (their CRI logs):"
-for f in "$work"/data/pods/*/logs/*.log; do
-    [ -f "$f" ] && printf '%s: %s\n' "${f#"$work"/data/pods/}" "$(tail -n 1 "$f")"
+log "the pods run in containerd; their logs (edgehub logs, read from the CRI log files):"
+for p in telemetry-sv74m gateway-v9hb2; do
+    # A container that has not written yet has no log: wait for its first line.
+    for _ in $(seq 100); do [ -n "$(eh logs "vehicle/$p" -c app --tail 1 2>/dev/null)" ] && break; sleep 0.1; done
+    printf 'vehicle/%s app: %s\n' "$p" "$(eh logs "vehicle/$p" -c app --tail 1)"
 done
 log "their ConfigMap and service-account token volumes, fetched once and cached for offline starts:"
 for f in "$work"/data/pods/*/volumes/configmap/*/* "$work"/data/pods/*/volumes/projected/*/{token,namespace}; do
@@ -99,6 +110,9 @@ sleep 1
 
 log "OTA manager: curl http://$api/pods (PodNeedUpgrade of telemetry-sv74m)"
 curl -s "http://$api/pods" | grep -o '{"type":"PodNeedUpgrade"[^}]*}'
+
+log "edgehub logs works offline too (the field engineer's first question)"
+eh logs vehicle/telemetry-sv74m -c app --tail 2
 
 log "OTA manager: curl -X POST http://$api/openyurt.io/v1/namespaces/vehicle/pods/telemetry-sv74m/upgrade"
 curl -s -w '  (HTTP %{http_code})\n' -X POST "http://$api/openyurt.io/v1/namespaces/vehicle/pods/telemetry-sv74m/upgrade"

@@ -22,6 +22,7 @@ pub mod cri;
 pub mod failpoint;
 pub mod kube;
 pub mod local_client;
+pub mod logs;
 pub mod names;
 pub mod need_upgrade;
 pub mod node;

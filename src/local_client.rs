@@ -1,9 +1,11 @@
 //! The command-line side of the local API: a small blocking HTTP client, and the pure
-//! functions that turn the API's answers into what `edgehub pods|upgrade|status` print.
+//! functions that turn the API's answers into what `edgehub pods|upgrade|status|logs` print.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
 use serde_json::Value;
+use std::io::Write;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -13,6 +15,8 @@ pub enum ClientError {
     Connect { addr: SocketAddr, reason: String },
     #[error("local API at {addr}: {reason}")]
     Http { addr: SocketAddr, reason: String },
+    #[error("writing the output: {0}")]
+    Output(#[source] std::io::Error),
 }
 
 /// An answer of the local API.
@@ -60,6 +64,30 @@ impl LocalClient {
     }
 
     async fn call_async(&self, method: &str, path: &str) -> Result<Answer, ClientError> {
+        let resp = self.send(method, path).await?;
+        self.whole(resp).await
+    }
+
+    async fn whole(&self, resp: hyper::Response<Incoming>) -> Result<Answer, ClientError> {
+        let status = resp.status().as_u16();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| self.http(e.to_string()))?
+            .to_bytes();
+        Ok(Answer {
+            status,
+            body: String::from_utf8_lossy(&body).into_owned(),
+        })
+    }
+
+    /// Connects, sends a request without a body and returns the response head.
+    async fn send(
+        &self,
+        method: &str,
+        path: &str,
+    ) -> Result<hyper::Response<Incoming>, ClientError> {
         let tcp = tokio::net::TcpStream::connect(self.addr)
             .await
             .map_err(|e| ClientError::Connect {
@@ -81,20 +109,50 @@ impl LocalClient {
         let req = req
             .body(Full::new(Bytes::new()))
             .map_err(|e| self.http(e.to_string()))?;
-        let resp = send
-            .send_request(req)
+        send.send_request(req)
             .await
-            .map_err(|e| self.http(e.to_string()))?;
-        let status = resp.status().as_u16();
-        let body = resp
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| self.http(e.to_string()))?
-            .to_bytes();
-        Ok(Answer {
-            status,
-            body: String::from_utf8_lossy(&body).into_owned(),
+            .map_err(|e| self.http(e.to_string()))
+    }
+
+    /// GETs `path` and copies a 200 answer's body into `sink` as it arrives, for
+    /// `edgehub logs`. The client's timeout covers connecting and the response head only, so
+    /// `logs -f` lasts as long as the container writes. `on_head` sees the 200 answer's
+    /// headers before its body. Any other answer is returned whole instead. A closed `sink`
+    /// (`edgehub logs | head`) ends the copy quietly.
+    pub fn get_streaming(
+        &self,
+        path: &str,
+        on_head: &mut dyn FnMut(&hyper::HeaderMap),
+        sink: &mut dyn Write,
+    ) -> Result<Option<Answer>, ClientError> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| self.http(format!("cannot start a runtime: {e}")))?;
+        rt.block_on(async {
+            let resp = tokio::time::timeout(self.timeout, self.send("GET", path))
+                .await
+                .map_err(|_| self.http(format!("no answer within {:?}", self.timeout)))??;
+            if resp.status() != hyper::StatusCode::OK {
+                return tokio::time::timeout(self.timeout, self.whole(resp))
+                    .await
+                    .map_err(|_| self.http(format!("no answer within {:?}", self.timeout)))?
+                    .map(Some);
+            }
+            on_head(resp.headers());
+            let mut body = resp.into_body();
+            while let Some(frame) = body.frame().await {
+                let frame = frame.map_err(|e| self.http(e.to_string()))?;
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                match sink.write_all(&data).and_then(|()| sink.flush()) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(None),
+                    Err(e) => return Err(ClientError::Output(e)),
+                }
+            }
+            Ok(None)
         })
     }
 }
@@ -108,6 +166,55 @@ pub fn upgrade_path(target: &str, action: &str) -> Result<String, String> {
     crate::names::check_subdomain(name).map_err(|r| format!("pod name {name:?}: {r}"))?;
     Ok(format!(
         "/openyurt.io/v1/namespaces/{ns}/pods/{name}/{action}"
+    ))
+}
+
+/// The options of `edgehub logs`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LogsRequest<'a> {
+    pub container: Option<&'a str>,
+    pub follow: bool,
+    pub previous: bool,
+    /// The last N lines; `None` for all.
+    pub tail: Option<u64>,
+}
+
+/// The API path of a container's log, from `NS/NAME` and the options of `edgehub logs`.
+/// Names are checked here too, so a typo gets its reason before any request is sent.
+pub fn logs_path(target: &str, req: &LogsRequest<'_>) -> Result<String, String> {
+    let (ns, name) = target
+        .split_once('/')
+        .ok_or_else(|| format!("{target:?} is not NAMESPACE/NAME"))?;
+    crate::names::check_label(ns).map_err(|r| format!("namespace {ns:?}: {r}"))?;
+    crate::names::check_subdomain(name).map_err(|r| format!("pod name {name:?}: {r}"))?;
+    let mut query = Vec::new();
+    if let Some(c) = req.container {
+        crate::names::check_label(c).map_err(|r| format!("container {c:?}: {r}"))?;
+        query.push(format!("container={c}"));
+    }
+    if req.follow {
+        query.push("follow=true".into());
+    }
+    if req.previous {
+        query.push("previous=true".into());
+    }
+    if let Some(n) = req.tail {
+        query.push(format!("tailLines={n}"));
+    }
+    let mut path = format!("/v1/namespaces/{ns}/pods/{name}/log");
+    if !query.is_empty() {
+        path.push('?');
+        path.push_str(&query.join("&"));
+    }
+    Ok(path)
+}
+
+/// kubectl's notice when it chose the container itself, from a log answer's
+/// `Edgehub-Container` and `Edgehub-Containers` headers (the latter is only sent then).
+pub fn defaulted_notice(container: Option<&str>, containers: Option<&str>) -> Option<String> {
+    Some(format!(
+        "Defaulted container {:?} out of: {}",
+        container?, containers?
     ))
 }
 
@@ -241,6 +348,42 @@ mod tests {
         for bad in ["nope", "/x", "a/", "A/b", "a/b/c"] {
             assert!(upgrade_path(bad, "upgrade").is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn logs_paths() {
+        let all = LogsRequest::default();
+        assert_eq!(
+            logs_path("vehicle/telemetry-sv74m", &all).unwrap(),
+            "/v1/namespaces/vehicle/pods/telemetry-sv74m/log"
+        );
+        let every = LogsRequest {
+            container: Some("app"),
+            follow: true,
+            previous: true,
+            tail: Some(5),
+        };
+        assert_eq!(
+            logs_path("vehicle/p", &every).unwrap(),
+            "/v1/namespaces/vehicle/pods/p/log?container=app&follow=true&previous=true&tailLines=5"
+        );
+        for bad in ["nope", "/x", "A/b", "a/b/c"] {
+            assert!(logs_path(bad, &all).is_err(), "{bad}");
+        }
+        let bad_container = LogsRequest {
+            container: Some("App_1"),
+            ..Default::default()
+        };
+        assert!(logs_path("a/b", &bad_container).is_err());
+    }
+
+    #[test]
+    fn the_defaulted_container_notice_is_kubectls() {
+        assert_eq!(
+            defaulted_notice(Some("app"), Some("app, sidecar")).unwrap(),
+            "Defaulted container \"app\" out of: app, sidecar"
+        );
+        assert_eq!(defaulted_notice(Some("app"), None), None);
     }
 
     #[test]

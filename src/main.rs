@@ -71,6 +71,25 @@ enum Command {
     },
     /// Show link state, cache sizes and active upgrades (asks the local API).
     Status,
+    /// Print a container's log as `kubectl logs` does, from the CRI log files on this node
+    /// (asks the local API; works offline).
+    Logs {
+        /// The pod, as NAMESPACE/NAME.
+        pod: String,
+        /// The container; default: the pod's `kubectl.kubernetes.io/default-container`, else
+        /// its first container.
+        #[arg(short = 'c', long)]
+        container: Option<String>,
+        /// Keep printing lines as the container writes them, until it stops.
+        #[arg(short = 'f', long)]
+        follow: bool,
+        /// The container's previous attempt, before its last restart.
+        #[arg(short = 'p', long)]
+        previous: bool,
+        /// Only the last N lines (-1: all).
+        #[arg(long, allow_negative_numbers = true)]
+        tail: Option<i64>,
+    },
     /// Print the version.
     Version,
 }
@@ -87,6 +106,22 @@ fn main() -> ExitCode {
         Command::Pods => pods(&cli),
         Command::Upgrade { pod, wait, timeout } => upgrade(&cli, pod, *wait, *timeout),
         Command::Status => status(&cli),
+        Command::Logs {
+            pod,
+            container,
+            follow,
+            previous,
+            tail,
+        } => logs(
+            &cli,
+            pod,
+            &local::LogsRequest {
+                container: container.as_deref(),
+                follow: *follow,
+                previous: *previous,
+                tail: tail.and_then(|n| u64::try_from(n).ok()),
+            },
+        ),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -314,6 +349,30 @@ fn status(cli: &Cli) -> anyhow::Result<()> {
         "{}",
         local::status_text(&a.body).map_err(anyhow::Error::msg)?
     );
+    Ok(())
+}
+
+fn logs(cli: &Cli, pod: &str, req: &local::LogsRequest<'_>) -> anyhow::Result<()> {
+    let path = local::logs_path(pod, req).map_err(anyhow::Error::msg)?;
+    let header = |h: &hyper::HeaderMap, name: &str| {
+        h.get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let mut on_head = |h: &hyper::HeaderMap| {
+        let notice = local::defaulted_notice(
+            header(h, api::CONTAINER_HEADER).as_deref(),
+            header(h, api::CONTAINERS_HEADER).as_deref(),
+        );
+        if let Some(n) = notice {
+            eprintln!("{n}");
+        }
+    };
+    let refused =
+        local_client(cli)?.get_streaming(&path, &mut on_head, &mut std::io::stdout().lock())?;
+    if let Some(a) = refused {
+        anyhow::bail!("{} {}", a.status, a.body.trim());
+    }
     Ok(())
 }
 

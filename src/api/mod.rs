@@ -1,7 +1,7 @@
 //! The local HTTP API on the device: OpenYurt's OTA routes (`GET /pods`,
 //! `POST /openyurt.io/v1/namespaces/{ns}/pods/{name}/upgrade`, `.../imagepull`), the state of
-//! an upgrade, status, health and metrics. It serves from the cache and works with the link
-//! down.
+//! an upgrade, containers' logs, status, health and metrics. It serves from the cache and
+//! local files, and works with the link down.
 //!
 //! Input hygiene: routes and names are checked by [`router::route`] before any handler runs;
 //! headers are capped by hyper's buffer size, bodies at [`MAX_BODY`], and every connection has
@@ -10,6 +10,7 @@
 
 pub mod handlers;
 pub mod listen;
+pub mod logs;
 pub mod metrics;
 pub mod podlist;
 pub mod router;
@@ -17,7 +18,7 @@ pub mod router;
 use crate::store::{RequestKind, Store};
 use crate::sync::{LinkState, ReflectorStats};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Either, Full, Limited};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -102,9 +103,26 @@ fn authorized(state: &ApiState, req: &Request<Incoming>) -> bool {
         .is_some_and(|t| constant_time_eq(t, token.as_bytes()))
 }
 
-/// Runs one route's handler.
-fn dispatch(state: &ApiState, route: &Route) -> Reply {
-    match route {
+/// What a request gets: a whole reply, or a log streamed as it is read.
+#[derive(Debug)]
+pub enum Answer {
+    Reply(Reply),
+    Logs(logs::LogStream),
+}
+
+impl Answer {
+    pub fn status(&self) -> u16 {
+        match self {
+            Answer::Reply(r) => r.status,
+            Answer::Logs(_) => 200,
+        }
+    }
+}
+
+/// Runs one route's handler. `query` is the request's query string, which only the log
+/// route reads.
+fn dispatch(state: &ApiState, route: &Route, query: Option<&str>) -> Answer {
+    let reply = match route {
         Route::Pods => handlers::pods(state),
         Route::Upgrade { namespace, name } => {
             handlers::request(state, RequestKind::Upgrade, namespace, name)
@@ -119,52 +137,76 @@ fn dispatch(state: &ApiState, route: &Route) -> Reply {
         Route::Healthz => Reply::text(200, "ok"),
         Route::Readyz => handlers::readyz(state),
         Route::Metrics => handlers::metrics(state),
-    }
+        Route::Logs { namespace, name } => {
+            return match logs::open(state, namespace, name, query) {
+                Ok(stream) => Answer::Logs(stream),
+                Err(reply) => Answer::Reply(reply),
+            }
+        }
+    };
+    Answer::Reply(reply)
 }
 
 /// Handles one request: route, authenticate, drain the (capped) body, dispatch, count.
-pub async fn handle(state: Arc<ApiState>, req: Request<Incoming>) -> Reply {
+pub async fn handle(state: Arc<ApiState>, req: Request<Incoming>) -> Answer {
     let method = req.method().as_str().to_string();
-    let (route_name, reply) = match router::route(&method, req.uri().path()) {
+    let query = req.uri().query().map(str::to_string);
+    let (route_name, answer) = match router::route(&method, req.uri().path()) {
         Err(r) => (
             "rejected",
-            Reply {
+            Answer::Reply(Reply {
                 allow: r.allow,
                 ..Reply::text(r.status, r.message)
-            },
+            }),
         ),
-        Ok(route) if route.needs_auth() && !authorized(&state, &req) => {
-            (route.name(), Reply::text(401, "Unauthorized"))
-        }
+        Ok(route) if route.needs_auth() && !authorized(&state, &req) => (
+            route.name(),
+            Answer::Reply(Reply::text(401, "Unauthorized")),
+        ),
         Ok(route) => {
             let body = Limited::new(req.into_body(), MAX_BODY);
+            let reply = |r| (route.name(), Answer::Reply(r));
             match tokio::time::timeout(REQUEST_TIMEOUT, body.collect()).await {
-                Err(_) => (route.name(), Reply::text(408, "Request body timeout")),
-                Ok(Err(_)) => (route.name(), Reply::text(413, "Request body too large")),
+                Err(_) => reply(Reply::text(408, "Request body timeout")),
+                Ok(Err(_)) => reply(Reply::text(413, "Request body too large")),
                 Ok(Ok(_)) => {
                     let st = state.clone();
                     let r = route.clone();
                     // Store work is synchronous; keep it off the async workers.
-                    let job = tokio::task::spawn_blocking(move || dispatch(&st, &r));
+                    let job =
+                        tokio::task::spawn_blocking(move || dispatch(&st, &r, query.as_deref()));
                     match tokio::time::timeout(REQUEST_TIMEOUT, job).await {
-                        Ok(Ok(reply)) => (route.name(), reply),
-                        Ok(Err(e)) => (route.name(), Reply::internal("Handler failed", &e)),
-                        Err(_) => (route.name(), Reply::text(503, "Request timed out")),
+                        Ok(Ok(answer)) => (route.name(), answer),
+                        Ok(Err(e)) => reply(Reply::internal("Handler failed", &e)),
+                        Err(_) => reply(Reply::text(503, "Request timed out")),
                     }
                 }
             }
         }
     };
-    state.metrics.count(route_name, reply.status);
-    let mut reply = reply;
+    state.metrics.count(route_name, answer.status());
     if method == "HEAD" {
-        reply.body = Bytes::new();
+        // The head of the answer without its body; an opened log is closed unread.
+        return Answer::Reply(match answer {
+            Answer::Reply(r) => Reply {
+                body: Bytes::new(),
+                ..r
+            },
+            Answer::Logs(_) => Reply::text(200, ""),
+        });
     }
-    reply
+    answer
 }
 
-fn to_response(reply: Reply) -> Response<Full<Bytes>> {
-    let mut resp = Response::new(Full::new(reply.body));
+/// The body of a response: whole, or a streamed log.
+pub type ResponseBody = Either<Full<Bytes>, logs::LogBody>;
+
+fn to_response(answer: Answer) -> Response<ResponseBody> {
+    let reply = match answer {
+        Answer::Reply(r) => r,
+        Answer::Logs(stream) => return log_response(stream),
+    };
+    let mut resp = Response::new(Either::Left(Full::new(reply.body)));
     *resp.status_mut() = hyper::StatusCode::from_u16(reply.status)
         .unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
     resp.headers_mut().insert(
@@ -176,6 +218,33 @@ fn to_response(reply: Reply) -> Response<Full<Bytes>> {
             hyper::header::ALLOW,
             hyper::header::HeaderValue::from_static(allow),
         );
+    }
+    resp
+}
+
+/// Header naming the container a log response is read from.
+pub const CONTAINER_HEADER: &str = "edgehub-container";
+/// Header listing the pod's containers, when the request named none and the pod has more
+/// than one (for kubectl's "Defaulted container" notice).
+pub const CONTAINERS_HEADER: &str = "edgehub-containers";
+
+fn log_response(stream: logs::LogStream) -> Response<ResponseBody> {
+    use hyper::header::HeaderValue;
+    let choice = stream.choice.clone();
+    let mut resp = Response::new(Either::Right(stream.into_body()));
+    let h = resp.headers_mut();
+    h.insert(
+        hyper::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    // Container names are DNS-1123 labels, always valid header values.
+    if let Ok(v) = HeaderValue::from_str(&choice.container) {
+        h.insert(CONTAINER_HEADER, v);
+    }
+    if choice.defaulted {
+        if let Ok(v) = HeaderValue::from_str(&choice.all.join(", ")) {
+            h.insert(CONTAINERS_HEADER, v);
+        }
     }
     resp
 }

@@ -10,9 +10,23 @@ pub const MAX_PATH: usize = 1024;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Route {
     Pods,
-    Upgrade { namespace: String, name: String },
-    ImagePull { namespace: String, name: String },
-    UpgradeStatus { namespace: String, name: String },
+    Upgrade {
+        namespace: String,
+        name: String,
+    },
+    ImagePull {
+        namespace: String,
+        name: String,
+    },
+    UpgradeStatus {
+        namespace: String,
+        name: String,
+    },
+    /// A container's log; the query string carries the options (`crate::logs::Options`).
+    Logs {
+        namespace: String,
+        name: String,
+    },
     Status,
     Healthz,
     Readyz,
@@ -27,6 +41,7 @@ impl Route {
             Route::Upgrade { .. } => "upgrade",
             Route::ImagePull { .. } => "imagepull",
             Route::UpgradeStatus { .. } => "upgrade_status",
+            Route::Logs { .. } => "logs",
             Route::Status => "status",
             Route::Healthz => "healthz",
             Route::Readyz => "readyz",
@@ -76,11 +91,23 @@ pub const ROUTES: &[(&str, &str, &[u16])] = &[
         "POST",
         &[200, 400, 401, 403, 404, 409, 500],
     ),
+    (
+        "/v1/namespaces/{ns}/pods/{name}/log",
+        "GET",
+        &[200, 400, 401, 404, 500],
+    ),
     ("/v1/status", "GET", &[200, 401, 500]),
     ("/v1/healthz", "GET", &[200]),
     ("/v1/readyz", "GET", &[200, 503]),
     ("/metrics", "GET", &[200, 401]),
 ];
+
+/// A namespace and pod name from a path, checked: 400 before any handler sees them.
+fn pod_names(ns: &str, name: &str) -> Result<(String, String), Reject> {
+    check_label(ns).map_err(|r| reject(400, format!("Invalid namespace: {r}")))?;
+    check_subdomain(name).map_err(|r| reject(400, format!("Invalid pod name: {r}")))?;
+    Ok((ns.to_string(), name.to_string()))
+}
 
 /// Maps a method and path to a route.
 pub fn route(method: &str, path: &str) -> Result<Route, Reject> {
@@ -94,10 +121,12 @@ pub fn route(method: &str, path: &str) -> Result<Route, Reject> {
         ["v1", "healthz"] => (Route::Healthz, "GET"),
         ["v1", "readyz"] => (Route::Readyz, "GET"),
         ["metrics"] => (Route::Metrics, "GET"),
+        ["v1", "namespaces", ns, "pods", name, "log"] => {
+            let (namespace, name) = pod_names(ns, name)?;
+            (Route::Logs { namespace, name }, "GET")
+        }
         ["openyurt.io", "v1", "namespaces", ns, "pods", name, action] => {
-            check_label(ns).map_err(|r| reject(400, format!("Invalid namespace: {r}")))?;
-            check_subdomain(name).map_err(|r| reject(400, format!("Invalid pod name: {r}")))?;
-            let (namespace, name) = (ns.to_string(), name.to_string());
+            let (namespace, name) = pod_names(ns, name)?;
             match (*action, method) {
                 ("upgrade", "GET") => (Route::UpgradeStatus { namespace, name }, "GET, POST"),
                 ("upgrade", _) => (Route::Upgrade { namespace, name }, "GET, POST"),
@@ -154,6 +183,13 @@ mod tests {
         assert_eq!(route("GET", "/v1/readyz"), Ok(Route::Readyz));
         assert_eq!(route("GET", "/metrics"), Ok(Route::Metrics));
         assert_eq!(route("GET", "/v1/status"), Ok(Route::Status));
+        assert_eq!(
+            route("GET", "/v1/namespaces/vehicle/pods/telemetry-sv74m/log"),
+            Ok(Route::Logs {
+                namespace: "vehicle".into(),
+                name: "telemetry-sv74m".into()
+            })
+        );
     }
 
     #[test]
@@ -164,6 +200,8 @@ mod tests {
         assert_eq!((r.status, r.allow), (405, Some("GET, POST")));
         let r = route("GET", "/openyurt.io/v1/namespaces/a/pods/b/imagepull").unwrap_err();
         assert_eq!((r.status, r.allow), (405, Some("POST")));
+        let r = route("POST", "/v1/namespaces/a/pods/b/log").unwrap_err();
+        assert_eq!((r.status, r.allow), (405, Some("GET")));
     }
 
     #[test]
@@ -177,6 +215,8 @@ mod tests {
             "/openyurt.io/v1/namespaces/a/pods/p%00/upgrade",
         ] {
             assert_eq!(route("POST", path).unwrap_err().status, 400, "{path}");
+            let log = path.replace("/openyurt.io", "").replace("/upgrade", "/log");
+            assert_eq!(route("GET", &log).unwrap_err().status, 400, "{log}");
         }
         let long_ns = format!(
             "/openyurt.io/v1/namespaces/{}/pods/p/upgrade",
@@ -203,6 +243,8 @@ mod tests {
             "/pods/",
             "/podsx",
             "/openyurt.io/v1/namespaces/a/pods/b/delete",
+            "/v1/namespaces/a/pods/b/logs",
+            "/v1/namespaces/a/pods/b",
             "/v1",
             "//pods",
         ] {

@@ -11,8 +11,8 @@ pub mod fake;
 mod health;
 
 pub use client::CriClient;
+pub use edgehub_cri_api::v1 as api;
 pub use health::{spawn_monitor, CriHealth};
-pub use k8s_cri::v1 as api;
 
 use std::collections::HashMap;
 use std::future::Future;

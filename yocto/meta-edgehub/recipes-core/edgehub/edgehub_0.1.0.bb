@@ -22,10 +22,6 @@ require edgehub-crates.inc
 
 inherit cargo systemd
 
-# The CRI client's build script compiles the CRI v1 proto with protoc.
-DEPENDS += "protobuf-native"
-export PROTOC = "${STAGING_BINDIR_NATIVE}/protoc"
-
 python () {
     for var in ("EDGEHUB_GIT_URI", "EDGEHUB_CRATE_REGISTRY"):
         if not d.getVar(var):

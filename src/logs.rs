@@ -1,0 +1,523 @@
+//! Container logs read back from the files the CRI runtime writes, for `edgehub logs`: the
+//! field engineer's first look at a pod on a device with no link, so everything here works
+//! from local files alone.
+//!
+//! The pod runtime points each sandbox's log directory at `<data_dir>/pods/<uid>/logs` and
+//! each container's log at `<container>_<attempt>.log` in it, where the attempt is the
+//! container's restart count. The runtime (containerd, CRI-O) writes one record per line:
+//!
+//! ```text
+//! 2026-11-30T23:12:43.713137255Z stdout F hello
+//! ```
+//!
+//! that is an RFC 3339 timestamp, the stream, a tag (`F` ends a line, `P` is a part of a longer
+//! one the runtime split) and the content. The output is what `kubectl logs` prints: the
+//! contents only, parts joined into their line.
+//!
+//! The parsing, the choice of container and file and the `--tail` search are pure or work on
+//! any `Read + Seek`, so they are unit-tested without a runtime; the API streams the output
+//! (`src/api/logs.rs`).
+
+use serde_json::Value;
+use std::io::{self, Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+/// Bytes read from a log file per step; also the size of one chunk of the API's response.
+pub const READ_CHUNK: usize = 64 << 10;
+/// A record longer than this is not the runtime's (containerd splits lines at 16 KiB); it is
+/// skipped rather than held in memory.
+const MAX_RECORD: usize = 1 << 20;
+/// The annotation `kubectl logs` reads for the container to show when none is named.
+pub const DEFAULT_CONTAINER_ANNOTATION: &str = "kubectl.kubernetes.io/default-container";
+
+#[derive(Debug, thiserror::Error)]
+pub enum LogsError {
+    /// A query parameter the route does not know, or a value it cannot use.
+    #[error("{0}")]
+    BadQuery(String),
+    #[error("container name {name:?}: {reason}")]
+    InvalidContainer { name: String, reason: String },
+    /// The kubelet's wording, so scripts written against `kubectl logs` recognise it.
+    #[error("container {container} is not valid for pod {pod}")]
+    NotInPod { container: String, pod: String },
+    #[error("pod {pod} has no containers")]
+    NoContainers { pod: String },
+    #[error("container {container:?} in pod {pod} has not started yet: no logs")]
+    NotStarted { container: String, pod: String },
+    #[error("previous terminated container {container:?} in pod {pod} not found")]
+    NoPrevious { container: String, pod: String },
+    #[error("reading logs in {dir}: {source}")]
+    Io {
+        dir: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// What a log request asks for, from the query string of the API route. The names are the
+/// Kubernetes API's (`container`, `follow`, `previous`, `tailLines`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Options {
+    pub container: Option<String>,
+    pub follow: bool,
+    pub previous: bool,
+    /// The last N lines only; `None` is all of them.
+    pub tail_lines: Option<u64>,
+}
+
+impl Options {
+    /// Parses a query string. Unknown parameters are refused rather than ignored, so a
+    /// `sinceSeconds` or `timestamps` a user expects from kubectl does not silently do nothing.
+    pub fn from_query(query: Option<&str>) -> Result<Options, LogsError> {
+        let mut o = Options::default();
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (key, raw) = pair.split_once('=').unwrap_or((pair, ""));
+            let value = percent_encoding::percent_decode_str(raw)
+                .decode_utf8()
+                .map_err(|_| LogsError::BadQuery(format!("{key}: not UTF-8")))?;
+            match key {
+                "container" => {
+                    crate::names::check_label(&value).map_err(|reason| {
+                        LogsError::InvalidContainer {
+                            name: value.to_string(),
+                            reason,
+                        }
+                    })?;
+                    o.container = Some(value.into_owned());
+                }
+                "follow" => o.follow = flag(key, &value)?,
+                "previous" => o.previous = flag(key, &value)?,
+                "tailLines" => {
+                    let n: i64 = value.parse().map_err(|_| {
+                        LogsError::BadQuery(format!("tailLines: {value:?} is not an integer"))
+                    })?;
+                    // kubectl's --tail=-1: everything.
+                    o.tail_lines = u64::try_from(n).ok();
+                }
+                other => {
+                    return Err(LogsError::BadQuery(format!(
+                        "unsupported query parameter {other:?} (supported: container, follow, previous, tailLines)"
+                    )))
+                }
+            }
+        }
+        Ok(o)
+    }
+}
+
+fn flag(key: &str, value: &str) -> Result<bool, LogsError> {
+    match value {
+        "true" | "1" | "" => Ok(true),
+        "false" | "0" => Ok(false),
+        _ => Err(LogsError::BadQuery(format!(
+            "{key}: {value:?} is not true or false"
+        ))),
+    }
+}
+
+/// The container a request is served from, and the pod's containers for kubectl's
+/// "Defaulted container" notice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Choice {
+    pub container: String,
+    /// True when the request named no container and the pod has more than one.
+    pub defaulted: bool,
+    /// All containers, then init containers marked ` (init)`, as kubectl lists them.
+    pub all: Vec<String>,
+}
+
+/// Picks the container of `pod` (its cached JSON) to read: the one asked for, which must be
+/// one of the pod's containers or init containers; else the one named by the
+/// `kubectl.kubernetes.io/default-container` annotation; else the first container, as
+/// `kubectl logs` does.
+pub fn choose_container(
+    pod: &Value,
+    pod_name: &str,
+    requested: Option<&str>,
+) -> Result<Choice, LogsError> {
+    let names = |field: &str| -> Vec<String> {
+        pod.pointer(&format!("/spec/{field}"))
+            .and_then(Value::as_array)
+            .map(|cs| {
+                cs.iter()
+                    .filter_map(|c| c["name"].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let containers = names("containers");
+    let init = names("initContainers");
+    let all: Vec<String> = containers
+        .iter()
+        .cloned()
+        .chain(init.iter().map(|c| format!("{c} (init)")))
+        .collect();
+    if let Some(c) = requested {
+        if !containers.iter().chain(&init).any(|n| n == c) {
+            return Err(LogsError::NotInPod {
+                container: c.to_string(),
+                pod: pod_name.to_string(),
+            });
+        }
+        return Ok(Choice {
+            container: c.to_string(),
+            defaulted: false,
+            all,
+        });
+    }
+    let annotated = pod
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get(DEFAULT_CONTAINER_ANNOTATION))
+        .and_then(Value::as_str)
+        .filter(|a| containers.iter().any(|c| c == a));
+    let container = annotated
+        .map(str::to_string)
+        .or_else(|| containers.first().cloned())
+        .ok_or_else(|| LogsError::NoContainers {
+            pod: pod_name.to_string(),
+        })?;
+    Ok(Choice {
+        container,
+        defaulted: all.len() > 1,
+        all,
+    })
+}
+
+/// Where the pod runtime has the CRI write a pod's container logs.
+pub fn pod_log_dir(data_dir: &Path, pod_uid: &str) -> PathBuf {
+    data_dir.join("pods").join(pod_uid).join("logs")
+}
+
+/// `<container>_<attempt>.log` → (container, attempt). Container names are DNS-1123 labels,
+/// so the last `_` separates them.
+pub fn parse_file_name(name: &str) -> Option<(&str, u32)> {
+    let stem = name.strip_suffix(".log")?;
+    let (container, attempt) = stem.rsplit_once('_')?;
+    if container.is_empty() || attempt.is_empty() || !attempt.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((container, attempt.parse().ok()?))
+}
+
+/// The log files of `container` in `dir`, by attempt, oldest first. A missing directory (a
+/// pod that never started) has none.
+pub fn attempts(dir: &Path, container: &str) -> io::Result<Vec<(u32, PathBuf)>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut found = Vec::new();
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name();
+        if let Some((c, attempt)) = name.to_str().and_then(parse_file_name) {
+            if c == container {
+                found.push((attempt, entry.path()));
+            }
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// The file to read: the newest attempt, or with `previous` the one before it.
+pub fn pick(
+    found: &[(u32, PathBuf)],
+    previous: bool,
+    container: &str,
+    pod: &str,
+) -> Result<(u32, PathBuf), LogsError> {
+    let at = match (found.len(), previous) {
+        (0, _) => {
+            return Err(LogsError::NotStarted {
+                container: container.to_string(),
+                pod: pod.to_string(),
+            })
+        }
+        (1, true) => {
+            return Err(LogsError::NoPrevious {
+                container: container.to_string(),
+                pod: pod.to_string(),
+            })
+        }
+        (n, true) => n - 2,
+        (n, false) => n - 1,
+    };
+    Ok(found[at].clone())
+}
+
+/// Which output a record came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// One record of a CRI log file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record<'a> {
+    pub timestamp: &'a str,
+    pub stream: Stream,
+    /// `P`: the runtime split a long line and more of it follows.
+    pub partial: bool,
+    pub content: &'a [u8],
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    #[error("no timestamp")]
+    Timestamp,
+    #[error("stream is neither stdout nor stderr")]
+    Stream,
+    #[error("tag is neither P nor F")]
+    Tag,
+}
+
+/// Parses one record (without its newline): `<timestamp> <stream> <tag> <content>`. The tag
+/// may carry more `:`-separated tags after the first, as the CRI allows.
+pub fn parse_record(line: &[u8]) -> Result<Record<'_>, ParseError> {
+    let mut fields = line.splitn(4, |b| *b == b' ');
+    let timestamp = fields
+        .next()
+        .and_then(|t| std::str::from_utf8(t).ok())
+        .filter(|t| looks_like_rfc3339(t))
+        .ok_or(ParseError::Timestamp)?;
+    let stream = match fields.next() {
+        Some(b"stdout") => Stream::Stdout,
+        Some(b"stderr") => Stream::Stderr,
+        _ => return Err(ParseError::Stream),
+    };
+    let tag = fields.next().ok_or(ParseError::Tag)?;
+    let partial = match tag.split(|b| *b == b':').next() {
+        Some(b"P") => true,
+        Some(b"F") => false,
+        _ => return Err(ParseError::Tag),
+    };
+    // An empty line may come without the space before its (empty) content.
+    let content = fields.next().unwrap_or(b"");
+    Ok(Record {
+        timestamp,
+        stream,
+        partial,
+        content,
+    })
+}
+
+/// `2026-11-30T23:12:43.713137255Z` or with an offset: enough to tell a record from noise
+/// without a date library.
+fn looks_like_rfc3339(t: &str) -> bool {
+    let b = t.as_bytes();
+    b.len() >= 20
+        && b[..4].iter().all(u8::is_ascii_digit)
+        && b[4] == b'-'
+        && b[7] == b'-'
+        && b[10] == b'T'
+        && b[13] == b':'
+}
+
+/// Turns the bytes of a log file, fed in chunks of any size, into what `kubectl logs` prints:
+/// each record's content, a newline after each `F` record and none after a `P` one, so a
+/// split line comes out whole. Memory stays bounded by one record.
+#[derive(Debug, Default)]
+pub struct Decoder {
+    /// The start of a record whose newline has not been read yet.
+    carry: Vec<u8>,
+    /// Inside a record longer than [`MAX_RECORD`]: dropping bytes up to its newline.
+    skipping: bool,
+    /// Records that were not the runtime's format, skipped.
+    pub malformed: u64,
+}
+
+impl Decoder {
+    /// Decodes `chunk`, appending output to `out`. An incomplete last record waits in the
+    /// decoder for the next chunk.
+    pub fn feed(&mut self, chunk: &[u8], out: &mut Vec<u8>) {
+        let mut rest = chunk;
+        while let Some(nl) = rest.iter().position(|b| *b == b'\n') {
+            let (line, tail) = (&rest[..nl], &rest[nl + 1..]);
+            rest = tail;
+            if std::mem::take(&mut self.skipping) {
+                self.carry.clear();
+                continue;
+            }
+            if self.carry.is_empty() {
+                self.emit(line, out);
+            } else {
+                let mut whole = std::mem::take(&mut self.carry);
+                whole.extend_from_slice(line);
+                self.emit(&whole, out);
+            }
+        }
+        if self.skipping {
+            return;
+        }
+        self.carry.extend_from_slice(rest);
+        if self.carry.len() > MAX_RECORD {
+            self.carry = Vec::new();
+            self.skipping = true;
+            self.malformed += 1;
+        }
+    }
+
+    fn emit(&mut self, line: &[u8], out: &mut Vec<u8>) {
+        match parse_record(line) {
+            Ok(r) => {
+                out.extend_from_slice(r.content);
+                if !r.partial {
+                    out.push(b'\n');
+                }
+            }
+            Err(_) => self.malformed += 1,
+        }
+    }
+}
+
+/// The offset to start reading at so that exactly the last `n` lines come out. Scans
+/// backwards in chunks from the end, so memory is one chunk plus one record however long the
+/// file and however large `n`. A line ends at an `F` record; `P` records after the last `F`
+/// (a line still being written) count as one more line, as they print. Bytes after the last
+/// newline are a record still being written and not counted.
+pub fn tail_start<R: Read + Seek>(r: &mut R, n: u64) -> io::Result<u64> {
+    let len = r.seek(SeekFrom::End(0))?;
+    if n == 0 {
+        return Ok(len);
+    }
+    let mut buf = vec![0u8; READ_CHUNK];
+    // Find the last newline: the end of the last complete record.
+    let mut pos = len;
+    let last_newline = loop {
+        if pos == 0 {
+            return Ok(0);
+        }
+        let take = (pos as usize).min(READ_CHUNK);
+        pos -= take as u64;
+        r.seek(SeekFrom::Start(pos))?;
+        r.read_exact(&mut buf[..take])?;
+        if let Some(i) = buf[..take].iter().rposition(|b| *b == b'\n') {
+            break pos + i as u64;
+        }
+    };
+    let mut counter = TailCounter { n, lines: 0 };
+    // The record being assembled ends with the newline at `record_newline`; `tail` holds its
+    // bytes that lie after `pos` (read in an earlier chunk).
+    let mut record_newline = last_newline;
+    let mut tail: Vec<u8> = Vec::new();
+    let mut oversized = false;
+    pos = last_newline;
+    while pos > 0 {
+        let take = (pos as usize).min(READ_CHUNK);
+        let base = pos - take as u64;
+        r.seek(SeekFrom::Start(base))?;
+        r.read_exact(&mut buf[..take])?;
+        let mut hi = take;
+        while let Some(i) = buf[..hi].iter().rposition(|b| *b == b'\n') {
+            let found = if std::mem::take(&mut oversized) {
+                tail.clear();
+                None
+            } else if tail.is_empty() {
+                counter.record(&buf[i + 1..hi], record_newline)
+            } else {
+                let mut whole = buf[i + 1..hi].to_vec();
+                whole.extend_from_slice(&tail);
+                tail.clear();
+                counter.record(&whole, record_newline)
+            };
+            if let Some(off) = found {
+                return Ok(off);
+            }
+            record_newline = base + i as u64;
+            hi = i;
+        }
+        // What precedes the chunk's first newline belongs to a record that starts earlier.
+        if tail.len() + hi > MAX_RECORD {
+            // Not the runtime's format: drop it instead of holding it in memory.
+            tail.clear();
+            oversized = true;
+        } else {
+            let mut head = buf[..hi].to_vec();
+            head.extend_from_slice(&tail);
+            tail = head;
+        }
+        pos = base;
+    }
+    if !oversized {
+        if let Some(off) = counter.record(&tail, record_newline) {
+            return Ok(off);
+        }
+    }
+    Ok(0)
+}
+
+/// Counts lines over records seen from the end of a file, for [`tail_start`].
+struct TailCounter {
+    n: u64,
+    lines: u64,
+}
+
+impl TailCounter {
+    /// One record (without its newline, which is at `newline`). Returns the offset to start
+    /// reading at when the `n` lines are already counted and this record ends the line
+    /// before them.
+    fn record(&mut self, record: &[u8], newline: u64) -> Option<u64> {
+        let Ok(r) = parse_record(record) else {
+            return None;
+        };
+        // An F record ends a line; so does the last record of the file when it is a P (a
+        // line still being written). Other P records belong to the line their F ends.
+        if r.partial && self.lines > 0 {
+            return None;
+        }
+        if self.lines == self.n {
+            return Some(newline + 1);
+        }
+        self.lines += 1;
+        None
+    }
+}
+
+/// A log file being read: the open file and its decoder.
+#[derive(Debug)]
+pub struct LogReader<R> {
+    file: R,
+    decoder: Decoder,
+    buf: Vec<u8>,
+}
+
+impl LogReader<std::fs::File> {
+    /// Opens `path`, positioned for the last `tail` lines (all of them when `None`).
+    pub fn open(path: &Path, tail: Option<u64>) -> io::Result<LogReader<std::fs::File>> {
+        LogReader::new(std::fs::File::open(path)?, tail)
+    }
+}
+
+impl<R: Read + Seek> LogReader<R> {
+    pub fn new(mut file: R, tail: Option<u64>) -> io::Result<LogReader<R>> {
+        let start = match tail {
+            Some(n) => tail_start(&mut file, n)?,
+            None => 0,
+        };
+        file.seek(SeekFrom::Start(start))?;
+        Ok(LogReader {
+            file,
+            decoder: Decoder::default(),
+            buf: vec![0u8; READ_CHUNK],
+        })
+    }
+
+    /// Reads one chunk of what the file holds now and appends the output to `out`. Returns
+    /// the bytes read: 0 at the current end of the file (which may still grow).
+    pub fn read_some(&mut self, out: &mut Vec<u8>) -> io::Result<usize> {
+        let n = self.file.read(&mut self.buf)?;
+        self.decoder.feed(&self.buf[..n], out);
+        Ok(n)
+    }
+
+    /// Records skipped because they were not in the runtime's format.
+    pub fn malformed(&self) -> u64 {
+        self.decoder.malformed
+    }
+}
+
+#[cfg(test)]
+mod tests;
