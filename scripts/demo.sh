@@ -8,12 +8,13 @@
 #   3. the operator rolls the OTA DaemonSet `telemetry` to a new image;
 #   4. the link to the cloud goes down; the OTA manager asks edgehub, over OpenYurt's local
 #      API, which pods need an upgrade, and triggers one, all offline;
-#   5. edgehub restarts with the link still down and serves and runs from its cache.
+#   5. edgehub upgrades the pod offline, in place, and shows the journal's steps, the new
+#      image and the new container's output;
+#   6. edgehub restarts with the link still down and serves and runs from its cache.
 # Run as root on Debian 12; scripts/setup.sh installs what is missing (the same script
 # scripts/test.sh uses). Everything lives under ./.demo and target/cri-stack and is stopped
 # on exit; a CRI stack that was already running is left running, with the demo's two pods.
-# The upgrade itself stops at "Requested" until the upgrade engine lands. tests/demo.rs runs
-# this script and checks its key lines.
+# tests/demo.rs runs this script and checks its key lines.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 log() { printf '\n==> %s\n' "$*"; }
@@ -117,6 +118,36 @@ eh logs vehicle/telemetry-sv74m -c app --tail 2
 log "OTA manager: curl -X POST http://$api/openyurt.io/v1/namespaces/vehicle/pods/telemetry-sv74m/upgrade"
 curl -s -w '  (HTTP %{http_code})\n' -X POST "http://$api/openyurt.io/v1/namespaces/vehicle/pods/telemetry-sv74m/upgrade"
 curl -s -w '  (HTTP %{http_code})\n' -X POST "http://$api/openyurt.io/v1/namespaces/vehicle/pods/gateway-v9hb2/upgrade"
+
+log "the upgrade runs offline, in place; its journal in edgehub's database"
+up="http://$api/openyurt.io/v1/namespaces/vehicle/pods/telemetry-sv74m/upgrade"
+for _ in $(seq 300); do
+    state=$(curl -s "$up" | grep -o '"state":"[A-Za-z]*"' || true)
+    case "$state" in *Done*|*RolledBack*|*Failed*) break ;; esac
+    sleep 0.2
+done
+echo "$state"
+sqlite3 -column -header "$work/data/edgehub.db" \
+    "SELECT r.id AS upgrade, l.state, strftime('%H:%M:%f', l.at_ms / 1000.0, 'unixepoch') AS at, COALESCE(l.detail, '') AS detail
+     FROM request_log l JOIN requests r ON r.id = l.request_id WHERE r.kind = 'upgrade' ORDER BY l.request_id, l.seq;"
+
+log "after the upgrade: edgehub pods, the images GET /pods shows, the new container's output"
+# The container statuses GET /pods serves, one line per container.
+statuses() {
+    curl -s "http://$api/pods" | python3 -c '
+import json, sys
+for p in json.load(sys.stdin)["items"]:
+    for c in p["status"].get("containerStatuses", []):
+        print(p["metadata"]["name"], c["name"], c["image"], "running" if "running" in c.get("state", {}) else "")'
+}
+# The runtime reports the new container's status a moment after the commit.
+for _ in $(seq 50); do
+    statuses | grep -q "telemetry-sv74m app 127.0.0.1:5000/busybox:2.0" && break
+    sleep 0.2
+done
+eh pods
+statuses
+eh logs vehicle/telemetry-sv74m -c app --tail 2
 eh status
 
 log "edgehub restarts with the link still down: it serves from its cache at once"

@@ -101,19 +101,39 @@ fn the_demo_runs_and_shows_the_main_job() {
         upgrade.contains("Pod is not-updatable: RunningLatestRevision  (HTTP 403)"),
         "{upgrade}"
     );
-    assert!(upgrade.contains("link:   Offline"), "{upgrade}");
+
+    // The upgrade runs offline, in place, and its journal shows each state.
+    let journal = section(&all, "the upgrade runs offline", &stdout);
+    assert!(journal.contains(r#""state":"Done""#), "{journal}");
+    let mut at = 0;
+    for state in ["Pulling", "Swapping", "Verifying", "Committed", "Done"] {
+        let i = journal[at..]
+            .find(state)
+            .unwrap_or_else(|| panic!("{state} missing or out of order:\n{journal}"));
+        at += i + state.len();
+    }
+    let after = section(&all, "after the upgrade", &stdout);
     assert!(
-        upgrade.contains(
-            "active: upgrade vehicle/telemetry-sv74m 768bcc7446 -> 55778fbb9f [Requested]"
-        ),
-        "{upgrade}"
+        row(after, "vehicle/telemetry-sv74m").contains("55778fbb9f")
+            && row(after, "vehicle/telemetry-sv74m").contains("False (RunningLatestRevision)"),
+        "{after}"
     );
+    assert!(
+        after.contains("telemetry-sv74m app 127.0.0.1:5000/busybox:2.0 running"),
+        "{after}"
+    );
+    assert!(
+        after.contains("hello"),
+        "the new container's output:\n{after}"
+    );
+    assert!(after.contains("link:   Offline"), "{after}");
+    assert!(after.contains("active: none"), "{after}");
 
     // The restart with the link still down serves the cache at once.
     let restart = section(&all, "edgehub restarts with the link still down", &stdout);
     assert!(
-        row(restart, "vehicle/telemetry-sv74m").contains("True (NewRevisionAvailable)"),
-        "{restart}"
+        row(restart, "vehicle/telemetry-sv74m").contains("False (RunningLatestRevision)"),
+        "the upgrade survives the restart:\n{restart}"
     );
     assert!(
         row(restart, "vehicle/gateway-v9hb2").contains("6c4d5f8b7c"),

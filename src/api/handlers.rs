@@ -23,6 +23,11 @@ pub fn pods(state: &ApiState) -> Reply {
         Ok(q) => q.into_iter().map(|q| (q.pod_uid, q.status)).collect(),
         Err(e) => return Reply::internal("Get pod list failed", &e),
     };
+    // And the revision it runs, when an upgrade committed one the cloud has not heard of.
+    let running: std::collections::HashMap<String, String> = match state.store.running_revisions() {
+        Ok(r) => r.into_iter().map(|r| (r.pod_uid, r.hash)).collect(),
+        Err(e) => return Reply::internal("Get pod list failed", &e),
+    };
     let size: usize = pods.iter().map(|p| p.raw.len() + 160).sum();
     let mut out = String::with_capacity(POD_LIST_START.len() + size + POD_LIST_END.len());
     out.push_str(POD_LIST_START);
@@ -34,9 +39,10 @@ pub fn pods(state: &ApiState) -> Reply {
         if i > 0 {
             out.push(',');
         }
-        let overlaid = queued
-            .get(&pod.index.uid)
-            .and_then(|q| with_status(&pod.raw, q));
+        let uid = &pod.index.uid;
+        let overlaid = (queued.contains_key(uid) || running.contains_key(uid))
+            .then(|| as_run(&pod.raw, queued.get(uid), running.get(uid)))
+            .flatten();
         let raw = overlaid.as_deref().unwrap_or(&pod.raw);
         if let Err(e) = write_with_condition(&mut out, raw, &need.condition()) {
             // Serve what the apiserver sent rather than drop the pod from the list.
@@ -49,12 +55,26 @@ pub fn pods(state: &ApiState) -> Reply {
     Reply::json(200, out)
 }
 
-/// The pod JSON with `status` merged onto its own (edgehub's fields over the apiserver's).
-fn with_status(raw: &str, status: &str) -> Option<String> {
+/// The pod JSON as the device runs it: the status edgehub queued merged onto the apiserver's
+/// (edgehub's fields over the apiserver's), and the revision hash it runs.
+fn as_run(raw: &str, status: Option<&String>, hash: Option<&String>) -> Option<String> {
     let mut pod: serde_json::Value = serde_json::from_str(raw).ok()?;
-    let ours: serde_json::Value = serde_json::from_str(status).ok()?;
-    let merged = crate::runtime::status::merge_onto(&pod["status"], &ours);
-    pod["status"] = merged;
+    if let Some(status) = status {
+        let ours: serde_json::Value = serde_json::from_str(status).ok()?;
+        let merged = crate::runtime::status::merge_onto(&pod["status"], &ours);
+        pod["status"] = merged;
+    }
+    if let Some(labels) = hash.and_then(|_| {
+        pod.pointer_mut("/metadata/labels")
+            .and_then(serde_json::Value::as_object_mut)
+    }) {
+        if let Some(h) = hash {
+            labels.insert(
+                crate::object::REVISION_HASH_LABEL.to_string(),
+                h.clone().into(),
+            );
+        }
+    }
     Some(pod.to_string())
 }
 
