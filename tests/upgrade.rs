@@ -359,3 +359,29 @@ async fn an_env_change_recreates_the_pod_offline() {
     assert_eq!(n.running("app").await[0].id, app[0].id);
     n.clean().await;
 }
+
+/// A new revision whose image is the same image by digest (a tag that moved, a digest
+/// reference) is no change: nothing is swapped, and the pod now runs the new revision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_image_by_digest_is_no_swap() {
+    let mut n = node("digest").await;
+    let digest = n
+        .cri
+        .image_status("127.0.0.1:5000/busybox:1.0")
+        .await
+        .unwrap()
+        .expect("busybox 1.0 is on the node")
+        .repo_digests
+        .into_iter()
+        .find(|d| d.starts_with("127.0.0.1:5000/busybox@sha256:"))
+        .expect("a repo digest");
+    n.rolled_to_and_offline(Some(&digest)).await;
+    let app = n.running("app").await[0].id.clone();
+    let (code, _) = n.http("POST", &n.upgrade_path());
+    assert_eq!(code, 200);
+    let end = n.wait_state(60, &["Done", "RolledBack", "Failed"]).await;
+    assert_eq!(end["state"], "Done", "{end}");
+    assert_eq!(n.running("app").await[0].id, app, "nothing was swapped");
+    assert_eq!(n.need().unwrap()["status"], "False");
+    n.clean().await;
+}
