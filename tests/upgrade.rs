@@ -385,3 +385,30 @@ async fn the_same_image_by_digest_is_no_swap() {
     assert_eq!(n.need().unwrap()["status"], "False");
     n.clean().await;
 }
+
+/// A new revision that adds an init container recreates the pod: the init container runs to
+/// success in the new sandbox before the app starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recreate_runs_the_new_init_container_first() {
+    let mut n = node("recinit").await;
+    n.edited_and_offline(|spec| {
+        spec["initContainers"] = serde_json::json!([{"name": "prepare",
+            "image": "127.0.0.1:5000/busybox:1.0", "command": ["sh", "-c", "echo prepared"],
+            "imagePullPolicy": "IfNotPresent", "terminationMessagePath": "/dev/termination-log",
+            "terminationMessagePolicy": "File"}]);
+    })
+    .await;
+    let (code, body) = n.http("POST", &n.upgrade_path());
+    assert_eq!(code, 200, "{body}");
+    let end = n.wait_state(90, &["Done", "RolledBack", "Failed"]).await;
+    assert_eq!(end["state"], "Done", "{end}\n{}", n.log());
+    let all = n.containers().await;
+    let init = all
+        .iter()
+        .find(|c| c.labels.get(labels::CONTAINER_NAME).map(String::as_str) == Some("prepare"))
+        .expect("the init container ran");
+    assert_eq!(init.state, api::ContainerState::ContainerExited as i32);
+    assert_eq!(n.running("app").await.len(), 1);
+    assert_eq!(n.running("sidecar").await.len(), 1);
+    n.clean().await;
+}

@@ -167,6 +167,8 @@ pub struct Observed {
     pub sandbox_ready: bool,
     /// The recreate path's sandboxes; `None` in place.
     pub recreate: Option<Sandboxes>,
+    /// Recreate: the target's init containers in the new sandbox, in order (only `new`).
+    pub inits: Vec<Pair>,
 }
 
 /// A sandbox as the machine sees it.
@@ -401,6 +403,24 @@ fn next_recreate(j: &Journal, o: &Observed, sb: &Sandboxes, overdue: bool) -> Op
                     Some(dead) => Step::RemovePod(dead.id.clone()),
                     None => Step::CreatePod,
                 });
+            }
+            // Init containers first, one at a time, each to success.
+            for p in &o.inits {
+                match &p.new {
+                    None => return Some(Step::CreateNew(p.name.clone())),
+                    Some(n) if n.state == Run::Created => return Some(Step::Start(n.id.clone())),
+                    Some(n) if n.state == Run::Exited && n.exit_code == 0 => continue,
+                    Some(n) if n.state == Run::Exited => {
+                        return Some(Step::Go(
+                            State::RollingBack,
+                            Some(format!(
+                                "new init container {} exited with code {}",
+                                p.name, n.exit_code
+                            )),
+                        ))
+                    }
+                    Some(_) => return Some(Step::Wait),
+                }
             }
             for p in &o.pairs {
                 match &p.new {

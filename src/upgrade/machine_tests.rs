@@ -24,6 +24,7 @@ fn observed(pairs: Vec<Pair>) -> Observed {
         pairs,
         sandbox_ready: true,
         recreate: None,
+        inits: Vec::new(),
     }
 }
 
@@ -325,4 +326,34 @@ fn recreate_commits_by_removing_the_old_pod_and_rolls_back_by_removing_the_new()
     assert_eq!(next(&j, &o, 0), Step::Go(State::RolledBack, None));
     let o = recreate(None, None, true, vec![pair(None, None)]);
     assert_eq!(next(&j, &o, 0), Step::Go(State::RolledBack, None));
+}
+
+#[test]
+fn recreate_runs_init_containers_to_success_before_the_app() {
+    let j = journal(State::Swapping);
+    let mut o = recreate(
+        pod("old", false),
+        pod("new", true),
+        true,
+        vec![pair(None, None)],
+    );
+    o.inits = vec![Pair {
+        name: "init".into(),
+        old: None,
+        new: None,
+    }];
+    assert_eq!(next(&j, &o, 0), Step::CreateNew("init".into()));
+    o.inits[0].new = seen("i", Run::Created);
+    assert_eq!(next(&j, &o, 0), Step::Start("i".into()));
+    o.inits[0].new = seen("i", Run::Running);
+    assert_eq!(next(&j, &o, 0), Step::Wait);
+    o.inits[0].new = Some(Seen {
+        id: "i".into(),
+        state: Run::Exited,
+        ready: None,
+        exit_code: 0,
+    });
+    assert_eq!(next(&j, &o, 0), Step::CreateNew("app".into()));
+    o.inits[0].new = seen("i", Run::Exited);
+    assert!(matches!(next(&j, &o, 0), Step::Go(State::RollingBack, Some(e)) if e.contains("init")));
 }

@@ -244,7 +244,7 @@ impl<R: CriRuntime + 'static> Engine<R> {
         if state.is_terminal() {
             return Ok(true);
         }
-        let ctx = match self.context(&rec)? {
+        let mut ctx = match self.context(&rec)? {
             Ok(c) => c,
             Err(why) => {
                 // Nothing can be done for it: nothing was changed yet, or the pod is gone.
@@ -258,6 +258,16 @@ impl<R: CriRuntime + 'static> Engine<R> {
             }
         };
         let now = steps::pod_now(&*self.cri, &rec.pod_uid, &self.node_name).await?;
+        if ctx.plan.mode == Mode::Recreate && !ctx.target.host_network {
+            // The new sandbox's address, for `status.podIP` in the new containers' env.
+            if let Some(ip) = steps::new_pod_ip(&*self.cri, &now, &id.to_string()).await? {
+                let mut c = ctx.target_ctx.clone();
+                c.pod_ip = Some(ip);
+                if let Ok(p) = podspec::translate(&ctx.target_json, &c) {
+                    ctx.target = p;
+                }
+            }
+        }
         let observed = steps::observe(
             &*self.cri,
             &now,
@@ -526,15 +536,6 @@ impl<R: CriRuntime + 'static> Engine<R> {
             (Mode::InPlace, _) => {
                 plan::apply_images(&mut target, &plan::images(&plan), &rec.to_hash)
             }
-        }
-        let has_init = target
-            .pointer("/spec/initContainers")
-            .and_then(Value::as_array)
-            .is_some_and(|a| !a.is_empty());
-        if plan.mode == Mode::Recreate && has_init {
-            return Ok(Err(
-                "recreating a pod with init containers offline is not supported yet".into(),
-            ));
         }
         let place = Place {
             data_dir: &self.data_dir,

@@ -257,6 +257,7 @@ pub async fn observe<R: CriRuntime>(
         pairs,
         sandbox_ready: now.sandbox.is_some(),
         recreate: None,
+        inits: Vec::new(),
     })
 }
 
@@ -272,6 +273,18 @@ async fn observe_recreate<R: CriRuntime>(
     readiness: &mut Readiness,
 ) -> Result<Observed, CriError> {
     let (old_sb, new_sb) = now.pods(upgrade_id);
+    let mut inits = Vec::new();
+    for c in &target.init_containers {
+        let new = match new_sb.and_then(|sb| now.in_sandbox(&sb.id, &c.name)) {
+            Some(n) => Some(seen(cri, n, None).await?),
+            None => None,
+        };
+        inits.push(Pair {
+            name: c.name.clone(),
+            old: None,
+            new,
+        });
+    }
     let mut pairs = Vec::new();
     for c in &target.containers {
         let old = match old_sb.and_then(|sb| now.in_sandbox(&sb.id, &c.name)) {
@@ -312,6 +325,7 @@ async fn observe_recreate<R: CriRuntime>(
             new: pod(new_sb),
             stop_first,
         }),
+        inits,
     })
 }
 
@@ -434,49 +448,45 @@ pub fn ignore_missing(r: Result<(), CriError>) -> Result<(), CriError> {
     }
 }
 
-/// Recreate: prepares the target's volumes, runs the new sandbox (labelled with the upgrade
-/// id, the pod's next attempt) and creates its containers, not started. Returns the plan as
-/// translated with the new sandbox's address (for a pod-network pod's `status.podIP`).
+/// Recreate: prepares the target's volumes and runs the new sandbox (labelled with the upgrade
+/// id, the pod's next attempt). Its containers are created step by step, init containers
+/// first.
 pub async fn create_pod<R: CriRuntime>(
     cri: &R,
     now: &PodNow,
     target_json: &serde_json::Value,
     mut ctx: crate::podspec::PodContext,
     upgrade_id: &str,
-) -> Result<PodPlan, StepFailure> {
+) -> Result<(), StepFailure> {
     ctx.attempt = now.next_sandbox_attempt();
-    let mut plan = crate::podspec::translate(target_json, &ctx)
+    let plan = crate::podspec::translate(target_json, &ctx)
         .map_err(|e| StepFailure::Other(e.to_string()))?;
     crate::volumes::prepare(&plan, &ctx).map_err(|e| StepFailure::Other(e.to_string()))?;
     let mut cfg = plan.sandbox.clone();
     cfg.labels
         .insert(labels::UPGRADE_ID.to_string(), upgrade_id.to_string());
-    let id = cri.run_pod_sandbox(cfg.clone()).await?;
+    let id = cri.run_pod_sandbox(cfg).await?;
     tracing::info!(pod = %plan.name, sandbox = %id, upgrade = %upgrade_id, "new sandbox started");
-    if !plan.host_network {
-        ctx.pod_ip = match cri.pod_sandbox_status(&id).await {
-            Ok(st) => st
-                .and_then(|s| s.network)
-                .map(|n| n.ip)
-                .filter(|ip| !ip.is_empty()),
-            Err(e) if e.is_not_found() => None,
-            Err(e) => return Err(e.into()),
-        };
-        plan = crate::podspec::translate(target_json, &ctx)
-            .map_err(|e| StepFailure::Other(e.to_string()))?;
+    Ok(())
+}
+
+/// Recreate: the new sandbox's pod-network address, for the containers' `status.podIP`.
+pub async fn new_pod_ip<R: CriRuntime>(
+    cri: &R,
+    now: &PodNow,
+    upgrade_id: &str,
+) -> Result<Option<String>, CriError> {
+    let Some(sb) = now.pods(upgrade_id).1 else {
+        return Ok(None);
+    };
+    match cri.pod_sandbox_status(&sb.id).await {
+        Ok(st) => Ok(st
+            .and_then(|s| s.network)
+            .map(|n| n.ip)
+            .filter(|ip| !ip.is_empty())),
+        Err(e) if e.is_not_found() => Ok(None),
+        Err(e) => Err(e),
     }
-    for c in &plan.containers {
-        let attempt = now.next_attempt_anywhere(&c.name);
-        let mut ccfg = c.config.clone();
-        if let Some(m) = ccfg.metadata.as_mut() {
-            m.attempt = attempt;
-        }
-        ccfg.labels
-            .insert(labels::UPGRADE_ID.to_string(), upgrade_id.to_string());
-        ccfg.log_path = format!("{}_{attempt}.log", c.name);
-        cri.create_container(&id, ccfg, cfg.clone()).await?;
-    }
-    Ok(plan)
 }
 
 /// Stops a sandbox's containers (with the grace period) and the sandbox; with `remove`, removes
