@@ -271,8 +271,13 @@ impl Store {
 
     /// Records an upgrade or image-pull request in state `Requested`, unless one of the same
     /// kind is still active for that pod (then nothing is written).
+    /// Records a request; a new one wakes the readers (the upgrade engine starts it at once).
     pub fn record_request(&self, req: &NewRequest<'_>) -> Result<Recorded, StoreError> {
-        requests::record(&mut self.conn(), req)
+        let r = requests::record(&mut self.conn(), req)?;
+        if matches!(r, Recorded::New(_)) {
+            self.notify();
+        }
+        Ok(r)
     }
 
     /// The newest request of `kind` for the pod `namespace/name`.
