@@ -125,6 +125,8 @@ struct Ctx {
     pods: Store<Pod>,
     nodes: Store<Node>,
     revisions: Store<ControllerRevision>,
+    /// True once the pod, Node and ControllerRevision caches hold a complete first list.
+    synced: watch::Receiver<bool>,
     pending: Mutex<Pending>,
     metrics: Arc<Metrics>,
     identity: String,
@@ -299,7 +301,9 @@ async fn run_controller(
     let (pod_reader, pod_writer) = reflector::store::<Pod>();
     let (node_reader, node_writer) = reflector::store::<Node>();
     let (cr_reader, cr_writer) = reflector::store::<ControllerRevision>();
+    let (synced_tx, synced_rx) = watch::channel(false);
     let ctx = Arc::new(Ctx {
+        synced: synced_rx,
         client: client.clone(),
         pods: pod_reader.clone(),
         nodes: node_reader.clone(),
@@ -418,17 +422,20 @@ async fn run_controller(
             let _ = stop_queue.wait_for(|s| *s).await;
         });
 
-    let sync_ctx = ctx.clone();
+    // One task waits for the stores and tells everyone else through a watch channel: a kube-rs
+    // store wakes only the last of several concurrent `wait_until_ready` callers.
+    let (pods, nodes, revisions) = (pod_reader.clone(), node_reader.clone(), cr_reader.clone());
     let synced = tokio::spawn(async move {
-        let ok = sync_ctx.pods.wait_until_ready().await.is_ok()
-            && sync_ctx.nodes.wait_until_ready().await.is_ok()
-            && sync_ctx.revisions.wait_until_ready().await.is_ok();
+        let ok = pods.wait_until_ready().await.is_ok()
+            && nodes.wait_until_ready().await.is_ok()
+            && revisions.wait_until_ready().await.is_ok();
         if ok {
             ready.store(true, Ordering::Relaxed);
+            let _ = synced_tx.send(true);
             tracing::info!(
-                pods = sync_ctx.pods.len(),
-                nodes = sync_ctx.nodes.len(),
-                controllerrevisions = sync_ctx.revisions.len(),
+                pods = pods.len(),
+                nodes = nodes.len(),
+                controllerrevisions = revisions.len(),
                 "caches synced"
             );
         }
@@ -471,13 +478,11 @@ fn now_ms() -> i64 {
 async fn reconcile(ds: Arc<DaemonSet>, ctx: Arc<Ctx>) -> Result<Action, ReconcileError> {
     // Decide only on complete caches: a half-listed revision cache would name the wrong
     // update revision, a half-listed pod cache would miss old pods.
-    for ready in [
-        ctx.pods.wait_until_ready().boxed(),
-        ctx.nodes.wait_until_ready().boxed(),
-        ctx.revisions.wait_until_ready().boxed(),
-    ] {
-        ready.await.map_err(|_| ReconcileError::CachesGone)?;
-    }
+    ctx.synced
+        .clone()
+        .wait_for(|s| *s)
+        .await
+        .map_err(|_| ReconcileError::CachesGone)?;
     let ns = ds.namespace().unwrap_or_default();
     let name = ds.name_any();
     let key = format!("{ns}/{name}");

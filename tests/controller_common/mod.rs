@@ -181,13 +181,17 @@ pub fn rollout(server: &FakeApiServer, uid: &str, hash: &str) -> Rollout {
         .into_iter()
         .filter(|p| owner_uid(p) == Some(uid))
         .collect();
+    let mut by_node: std::collections::HashMap<&str, Vec<&Value>> = Default::default();
+    for p in &pods {
+        by_node
+            .entry(p["spec"]["nodeName"].as_str().unwrap_or(""))
+            .or_default()
+            .push(p);
+    }
     let mut r = Rollout::default();
     for n in &nodes {
         let name = n["metadata"]["name"].as_str().unwrap_or("");
-        let on: Vec<&Value> = pods
-            .iter()
-            .filter(|p| p["spec"]["nodeName"] == name)
-            .collect();
+        let on = by_node.get(name).cloned().unwrap_or_default();
         let live: Vec<&&Value> = on
             .iter()
             .filter(|p| p.pointer("/metadata/deletionTimestamp").is_none())
