@@ -156,6 +156,8 @@ async fn advanced_rolling_update_rolls_ready_nodes_in_waves_and_catches_up_not_r
     // Every deletion carried the uid precondition and no pod was deleted twice.
     assert_eq!(server.count(|r| r.method == "DELETE"), 10);
 
+    assert_deploy_rbac_allows_every_request(&server);
+
     // Graceful shutdown: exit 0 and the Lease released for a standby.
     ctl.sigterm();
     assert!(ctl.wait_exit(20).await.success());
@@ -292,6 +294,7 @@ async fn ota_gets_pod_need_upgrade_written_only_on_change_and_other_daemonsets_a
         "{evs:?}"
     );
     println!("controller requests: {:#?}", requests_by_kind(&server));
+    assert_deploy_rbac_allows_every_request(&server);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -345,4 +348,5 @@ async fn a_standby_takes_over_the_lease_when_the_leader_stops_or_dies() {
         .unwrap()["spec"]["leaseTransitions"]
         .as_i64();
     assert_eq!(transitions, Some(2));
+    assert_deploy_rbac_allows_every_request(&server);
 }

@@ -11,7 +11,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_edgehub");
+/// The binary under test: this build's, or `EDGEHUB_CONTROLLER_BIN` (e.g. a release build,
+/// for numbers that are not dominated by a debug build).
+pub fn bin() -> PathBuf {
+    std::env::var_os("EDGEHUB_CONTROLLER_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_edgehub")))
+}
 
 /// A free loopback port (tiny race with other processes, acceptable in tests).
 pub fn free_port() -> u16 {
@@ -53,7 +59,7 @@ impl Controller {
     /// resync, so what happens is caused by watch events.
     pub fn start(kubeconfig: &Path, identity: &str, extra: &[&str]) -> Controller {
         let port = free_port();
-        let child = Command::new(BIN)
+        let child = Command::new(bin())
             .arg("--kubeconfig")
             .arg(kubeconfig)
             .args([
@@ -272,4 +278,96 @@ pub fn requests_by_kind(server: &FakeApiServer) -> std::collections::BTreeMap<St
         *out.entry(key).or_insert(0) += 1;
     }
     out
+}
+
+/// The RBAC rules of `deploy/controller.yaml`: (namespace of a Role or None for the
+/// ClusterRole, apiGroup, resource, verb, resourceNames).
+type Rule = (Option<String>, String, String, String, Vec<String>);
+
+fn deploy_rules() -> Vec<Rule> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/controller.yaml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut out = Vec::new();
+    for doc in serde_yaml_ng::Deserializer::from_str(&text) {
+        let v: Value = serde::Deserialize::deserialize(doc).unwrap();
+        let ns = match v["kind"].as_str() {
+            Some("ClusterRole") => None,
+            Some("Role") => Some(v["metadata"]["namespace"].as_str().unwrap().to_string()),
+            _ => continue,
+        };
+        let strs = |x: &Value| -> Vec<String> {
+            x.as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|s| s.as_str().map(str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        for rule in v["rules"].as_array().unwrap() {
+            for g in strs(&rule["apiGroups"]) {
+                for r in strs(&rule["resources"]) {
+                    for verb in strs(&rule["verbs"]) {
+                        out.push((
+                            ns.clone(),
+                            g.clone(),
+                            r.clone(),
+                            verb,
+                            strs(&rule["resourceNames"]),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Every request the controller (the admin identity here) made is allowed by the service
+/// account's permissions in `deploy/controller.yaml`, so the manifest stays true.
+pub fn assert_deploy_rbac_allows_every_request(server: &FakeApiServer) {
+    let rules = deploy_rules();
+    for r in server.requests() {
+        if r.user.as_deref() != Some("admin") {
+            continue;
+        }
+        let segs: Vec<&str> = r.path.trim_matches('/').split('/').collect();
+        let (group, rest) = match segs.as_slice() {
+            ["api", _, rest @ ..] => ("", rest),
+            ["apis", g, _, rest @ ..] => (*g, rest),
+            _ => panic!("unexpected path {}", r.path),
+        };
+        let (ns, rest) = match rest {
+            ["namespaces", ns, rest @ ..] => (Some(*ns), rest),
+            rest => (None, rest),
+        };
+        let (resource, name) = match rest {
+            [plural] => (plural.to_string(), None),
+            [plural, name] => (plural.to_string(), Some(*name)),
+            [plural, name, sub] => (format!("{plural}/{sub}"), Some(*name)),
+            _ => panic!("unexpected path {}", r.path),
+        };
+        let verb = match (r.method.as_str(), name) {
+            ("GET", None) if r.is_watch() => "watch",
+            ("GET", None) => "list",
+            ("GET", Some(_)) => "get",
+            ("POST", _) => "create",
+            ("PUT", _) => "update",
+            ("PATCH", _) => "patch",
+            ("DELETE", _) => "delete",
+            (m, _) => panic!("unexpected method {m}"),
+        };
+        let allowed = rules.iter().any(|(rns, g, res, v, names)| {
+            g == group
+                && *res == resource
+                && v == verb
+                && rns.as_deref().is_none_or(|rns| Some(rns) == ns)
+                && (names.is_empty() || name.is_some_and(|n| names.iter().any(|x| x == n)))
+        });
+        assert!(
+            allowed,
+            "deploy/controller.yaml does not allow {verb} {group}/{resource} {ns:?} {name:?} ({} {})",
+            r.method, r.path
+        );
+    }
 }
