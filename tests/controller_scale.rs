@@ -101,7 +101,7 @@ async fn a_thousand_nodes_roll_in_budget_sized_waves() {
                 let r = rollout(&server, &uid, target);
                 max.fetch_max(r.unavailable_ready, Ordering::Relaxed);
                 del.fetch_max(r.deleting_not_ready, Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                tokio::time::sleep(Duration::from_millis(250)).await;
             }
         });
     }
@@ -117,9 +117,13 @@ async fn a_thousand_nodes_roll_in_budget_sized_waves() {
         sim::set_image("127.0.0.1:5000/busybox:2.0"),
     );
     let ready_nodes = NODES - NOT_READY;
-    wait_until(600, "every Ready node runs the update revision", || {
-        rollout(&server, &ds_uid, target).updated == ready_nodes
-    })
+    let every = Duration::from_millis(250);
+    wait_until_every(
+        600,
+        every,
+        "every Ready node runs the update revision",
+        || rollout(&server, &ds_uid, target).updated == ready_nodes,
+    )
     .await;
     let rolled = t0.elapsed();
     let waves1 = waves(&server);
@@ -146,9 +150,12 @@ async fn a_thousand_nodes_roll_in_budget_sized_waves() {
     for n in &not_ready {
         sim::set_node_ready(&server, n, true);
     }
-    wait_until(300, "the 50 nodes that turned Ready are caught up", || {
-        rollout(&server, &ds_uid, target).updated == NODES
-    })
+    wait_until_every(
+        300,
+        every,
+        "the 50 nodes that turned Ready are caught up",
+        || rollout(&server, &ds_uid, target).updated == NODES,
+    )
     .await;
     let caught_up = t1.elapsed();
     let all = waves(&server);

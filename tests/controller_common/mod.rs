@@ -29,13 +29,18 @@ pub fn free_port() -> u16 {
 }
 
 /// Polls `f` every 20 ms until it is true, or panics after `secs` seconds naming `what`.
-pub async fn wait_until(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
+pub async fn wait_until(secs: u64, what: &str, f: impl FnMut() -> bool) {
+    wait_until_every(secs, Duration::from_millis(20), what, f).await
+}
+
+/// [`wait_until`] with a polling period: the scale test's checks list a thousand objects.
+pub async fn wait_until_every(secs: u64, every: Duration, what: &str, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(secs);
     while !f() {
         if Instant::now() > deadline {
             panic!("timed out after {secs}s waiting for: {what}");
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(every).await;
     }
 }
 
