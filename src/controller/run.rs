@@ -488,16 +488,20 @@ async fn reconcile(ds: Arc<DaemonSet>, ctx: Arc<Ctx>) -> Result<Action, Reconcil
     let key = format!("{ns}/{name}");
     let uid = ds.uid().unwrap_or_default();
     let view = views::daemonset(&ds);
-    let pods: Vec<PodView> = ctx
-        .pods
-        .state()
+    // A DaemonSet that is not opted in is decided on its own facts: no need to gather its
+    // pods from the cache on every one of their events.
+    let opted_in = view.facts.strategy.is_some() && view.facts.on_delete && !view.terminating;
+    let (pods, crs) = if opted_in {
+        (ctx.pods.state(), ctx.revisions.state())
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    let pods: Vec<PodView> = pods
         .iter()
         .filter(|p| views::daemonset_owner(p) == Some(uid.as_str()))
         .map(|p| views::pod(p))
         .collect();
-    let revisions: Vec<Revision> = ctx
-        .revisions
-        .state()
+    let revisions: Vec<Revision> = crs
         .iter()
         .filter(|c| views::revision_owner(c) == Some(uid.as_str()))
         .filter_map(|c| match views::revision(c) {
