@@ -219,7 +219,11 @@ async fn ota_gets_pod_need_upgrade_written_only_on_change_and_other_daemonsets_a
         conditions_of(&server, &uid(&ota)) == vec![latest.clone(); 3]
     })
     .await;
-    assert_eq!(status_patches(&server), 3);
+    // The fake logs a request after answering it: wait for the log to catch up.
+    wait_until(10, "3 status patches logged", || {
+        status_patches(&server) == 3
+    })
+    .await;
 
     // The operator rolls both; the hash is the one the real DaemonSet controller recorded.
     sim::roll(
@@ -244,7 +248,10 @@ async fn ota_gets_pod_need_upgrade_written_only_on_change_and_other_daemonsets_a
         conditions_of(&server, &uid(&ota)) == vec![needed.clone(); 3]
     })
     .await;
-    assert_eq!(status_patches(&server), 6);
+    wait_until(10, "6 status patches logged", || {
+        status_patches(&server) == 6
+    })
+    .await;
     // The strategic merge patch kept the kubelet's conditions.
     for (_, p) in live_pods_by_node(&server, &uid(&ota)) {
         assert!(sim::is_ready(&p), "{p}");
