@@ -80,21 +80,23 @@ impl Default for Options {
     }
 }
 
+/// Why the controller stopped. The messages carry their cause's text (kube-rs's errors
+/// already chain theirs), so none is marked as a `source` that would print it twice.
 #[derive(Debug, thiserror::Error)]
 pub enum ControllerError {
-    #[error("kubeconfig {path}: {source}")]
+    #[error("kubeconfig {path}: {error}")]
     Kubeconfig {
         path: PathBuf,
-        source: kube::config::KubeconfigError,
+        error: kube::config::KubeconfigError,
     },
     #[error("no kubeconfig given and none found (KUBECONFIG, ~/.kube/config, in-cluster): {0}")]
-    Infer(#[from] kube::config::InferConfigError),
+    Infer(kube::config::InferConfigError),
     #[error("cannot build the apiserver client: {0}")]
-    Client(#[source] kube::Error),
-    #[error("cannot serve metrics on {addr}: {source}")]
+    Client(kube::Error),
+    #[error("cannot serve metrics on {addr}: {error}")]
     Listen {
         addr: SocketAddr,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error(transparent)]
     LostLease(#[from] Lost),
@@ -143,20 +145,22 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 async fn client(opts: &Options) -> Result<Client, ControllerError> {
     let config = match &opts.kubeconfig {
         Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path).map_err(|source| {
+            let kc = kube::config::Kubeconfig::read_from(path).map_err(|error| {
                 ControllerError::Kubeconfig {
                     path: path.clone(),
-                    source,
+                    error,
                 }
             })?;
             kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
                 .await
-                .map_err(|source| ControllerError::Kubeconfig {
+                .map_err(|error| ControllerError::Kubeconfig {
                     path: path.clone(),
-                    source,
+                    error,
                 })?
         }
-        None => kube::Config::infer().await?,
+        None => kube::Config::infer()
+            .await
+            .map_err(ControllerError::Infer)?,
     };
     Client::try_from(config).map_err(ControllerError::Client)
 }
@@ -182,9 +186,9 @@ pub async fn run(
     }
     let listener = tokio::net::TcpListener::bind(opts.metrics_addr)
         .await
-        .map_err(|source| ControllerError::Listen {
+        .map_err(|error| ControllerError::Listen {
             addr: opts.metrics_addr,
-            source,
+            error,
         })?;
     let addr = listener.local_addr().unwrap_or(opts.metrics_addr);
     tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
