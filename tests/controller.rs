@@ -357,3 +357,71 @@ async fn a_standby_takes_over_the_lease_when_the_leader_stops_or_dies() {
     assert_eq!(transitions, Some(2));
     assert_deploy_rbac_allows_every_request(&server);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_delete_and_dropped_watches_are_survived_within_the_budget() {
+    let server = Arc::new(FakeApiServer::start().await.unwrap());
+    for i in 0..4 {
+        server.apply("nodes", sim::node(&format!("edge-{i}"), true));
+    }
+    let mut gw = recorded_daemonset("gateway");
+    gw["metadata"]["annotations"]["apps.openyurt.io/max-unavailable"] = "1".into();
+    let ds = sim::seed_daemonset(&server, gw, "6c4d5f8b7c");
+    let ds_uid = uid(&ds);
+    // A second DaemonSet whose budget cannot be read: a Warning, and nothing deleted.
+    let mut bad = recorded_daemonset("gateway");
+    bad["metadata"]["name"] = "bad-budget".into();
+    bad["metadata"]["uid"] = "0b0b0b0b-0000-4000-8000-000000000001".into();
+    bad["metadata"]["annotations"]["apps.openyurt.io/max-unavailable"] = "lots".into();
+    sim::seed_daemonset(&server, bad, "1a2b3c4d5e");
+    let _sim = DaemonSetSim::spawn(server.clone(), SimConfig::default());
+    let dir = tempfile::tempdir().unwrap();
+    let kc = admin_kubeconfig(&server, dir.path());
+    let ctl = Controller::start(&kc, "controller-a", &[]);
+    wait_until(60, "the controller leads", || ctl.leading()).await;
+
+    // The first pod deletion gets a 500 (pods are deleted by name in their namespace; the
+    // watches use the cluster-wide path).
+    server.fail_next(1, 500, None, &["/namespaces/vehicle/pods/"]);
+    let target = "7d4b9c8f6a";
+    sim::roll(
+        &server,
+        "vehicle",
+        "bad-budget",
+        "9f8e7d6c5b",
+        sim::set_image("x:2"),
+    );
+    sim::roll(&server, "vehicle", "gateway", target, sim::set_image("x:2"));
+    let sampler = Sampler::spawn(server.clone(), ds_uid.clone(), target.into());
+    wait_until(30, "the failed delete is reported", || {
+        !events(&server, "FailedDelete").is_empty()
+    })
+    .await;
+    // Every watch is cut once mid-rollout: the reflectors resume and the rollout goes on.
+    wait_until(30, "a first pod replaced", || {
+        rollout(&server, &ds_uid, target).updated >= 1
+    })
+    .await;
+    server.drop_connections();
+    wait_until(60, "all 4 nodes run the update revision", || {
+        rollout(&server, &ds_uid, target).updated == 4
+    })
+    .await;
+    let max = sampler.max_unavailable.load(Ordering::Relaxed);
+    assert!(max <= 1, "budget 1 overspent: {max}");
+    // At least the injected failure (cutting the connections may fail a request in flight).
+    assert!(ctl
+        .metric("edgehub_controller_pod_delete_errors_total")
+        .is_some_and(|n| n >= 1.0));
+    assert_eq!(waves(&server), vec![1, 1, 1, 1]);
+    let warnings = events(&server, "InvalidMaxUnavailable");
+    assert_eq!(warnings.len(), 1, "warned once: {warnings:?}");
+    assert!(warnings[0].contains("\"lots\""), "{warnings:?}");
+    // Nothing of bad-budget was deleted: its four pods are the seeded ones, at its old hash.
+    let bad_pods = live_pods_by_node(&server, "0b0b0b0b-0000-4000-8000-000000000001");
+    assert_eq!(bad_pods.len(), 4);
+    assert!(bad_pods
+        .iter()
+        .all(|(_, p)| p["metadata"]["labels"]["controller-revision-hash"] == "1a2b3c4d5e"));
+    assert_deploy_rbac_allows_every_request(&server);
+}
