@@ -289,7 +289,7 @@ fn owner_request(meta: &ObjectMeta, what: &str) -> Option<ReconcileRequest<Daemo
     Some(request(meta.namespace.as_deref()?, &owner.name, what))
 }
 
-/// Strips what the controller never reads, so a thousand cached pods stay small.
+/// Strips what the controller never reads from a cached object's metadata.
 fn slim(meta: &mut ObjectMeta) {
     meta.managed_fields = None;
 }
@@ -353,7 +353,7 @@ async fn run_controller(
             Api::<Pod>::all(client.clone()),
             wc.clone().labels(crate::object::REVISION_HASH_LABEL),
         )
-        .modify(|p| slim(&mut p.metadata))
+        .modify(views::slim_pod)
         .default_backoff(),
     );
     let pod_requests = requests(pod_events, |ev| match ev {
@@ -385,7 +385,7 @@ async fn run_controller(
     let node_events = reflector::reflector(
         node_writer,
         watcher(Api::<Node>::all(client.clone()), wc.clone())
-            .modify(|n| slim(&mut n.metadata))
+            .modify(views::slim_node)
             .default_backoff(),
     );
     let mut last_ready: HashMap<String, bool> = HashMap::new();
