@@ -425,3 +425,24 @@ async fn a_failed_delete_and_dropped_watches_are_survived_within_the_budget() {
         .all(|(_, p)| p["metadata"]["labels"]["controller-revision-hash"] == "1a2b3c4d5e"));
     assert_deploy_rbac_allows_every_request(&server);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_cannot_renew_stops_before_its_lease_expires() {
+    let server = Arc::new(FakeApiServer::start().await.unwrap());
+    server.apply("nodes", sim::node("edge-1", true));
+    sim::seed_daemonset(&server, recorded_daemonset("telemetry"), "768bcc7446");
+    let dir = tempfile::tempdir().unwrap();
+    let kc = admin_kubeconfig(&server, dir.path());
+    let mut ctl = Controller::start(&kc, "replica-a", &[]);
+    wait_until(30, "replica-a leads", || ctl.leading()).await;
+    // The apiserver stops answering this replica: its renewals hang. With a 3 s Lease and a
+    // 2 s renew deadline it must give up leading (and exit non-zero, for its Deployment to
+    // restart it) without waiting for a request timeout.
+    let t = Instant::now();
+    server.stall(true);
+    let status = ctl.wait_exit(30).await;
+    let after = t.elapsed();
+    server.stall(false);
+    println!("a stalled leader exited after {after:?} with {status}");
+    assert!(!status.success());
+}

@@ -46,6 +46,8 @@ enum Attempt {
     /// Another writer got in between this replica's read and write (409): read again.
     Conflict,
     Failed(kube::Error),
+    /// No answer before the renew deadline.
+    TimedOut,
 }
 
 pub struct Elector {
@@ -92,7 +94,7 @@ impl Elector {
                 Attempt::HeldByOther(holder) => {
                     tracing::debug!(lease = %self.lease_name(), %holder, "standing by")
                 }
-                Attempt::Conflict => {}
+                Attempt::Conflict | Attempt::TimedOut => {}
                 Attempt::Failed(e) => {
                     tracing::warn!(lease = %self.lease_name(), error = %e, "cannot read or write the leader Lease")
                 }
@@ -118,11 +120,24 @@ impl Elector {
                 _ = tokio::time::sleep(self.timings.retry_period) => {}
                 _ = stop.changed() => return Ok(()),
             }
-            let attempt = if self.renew().await {
-                Attempt::Held
-            } else {
-                // Someone wrote the Lease since, or the write failed: read it and decide again.
-                self.attempt().await
+            // A request that hangs must not outlast the renew deadline: by then a standby may
+            // take the Lease over, and this replica has to have stopped first.
+            let left = self
+                .timings
+                .renew_deadline
+                .saturating_sub(last_renewal.elapsed())
+                .max(Duration::from_millis(100));
+            let round = async {
+                if self.renew().await {
+                    Attempt::Held
+                } else {
+                    // Someone wrote the Lease since, or the write failed: read it and decide.
+                    self.attempt().await
+                }
+            };
+            let attempt = match tokio::time::timeout(left, round).await {
+                Ok(a) => a,
+                Err(_) => Attempt::TimedOut,
             };
             match attempt {
                 Attempt::Held => last_renewal = Instant::now(),
@@ -132,9 +147,10 @@ impl Elector {
                         why: format!("{holder} holds it now"),
                     })
                 }
-                Attempt::Conflict | Attempt::Failed(_) => {
+                Attempt::Conflict | Attempt::Failed(_) | Attempt::TimedOut => {
                     let error = match &attempt {
                         Attempt::Failed(e) => e.to_string(),
+                        Attempt::TimedOut => "the apiserver did not answer in time".to_string(),
                         _ => "conflicting write".to_string(),
                     };
                     tracing::warn!(lease = %self.lease_name(), %error, "cannot renew the leader Lease");

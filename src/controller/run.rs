@@ -42,6 +42,8 @@ const COMPONENT: &str = "edgehub-controller";
 const WRITE_CONCURRENCY: usize = 16;
 /// At most this many pod names in one Event message.
 const EVENT_NAMES: usize = 10;
+/// How long a shutdown waits for running reconciles (the Deployment allows 30 s).
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// How `edgehub controller` runs.
 #[derive(Debug, Clone)]
@@ -238,10 +240,27 @@ pub async fn run(
             (Some(e), held)
         }
     };
-    let ((elector, held), ()) = tokio::join!(
-        hold,
-        run_controller(client, &opts, metrics.clone(), ready, stop_rx)
-    );
+    let controller = run_controller(client, &opts, metrics.clone(), ready, stop_rx);
+    tokio::pin!(controller, hold);
+    // `hold` ends when stop fires (shutdown, or the Lease lost), and so does the controller.
+    let mut controller_done = false;
+    let (elector, held) = tokio::select! {
+        r = &mut hold => r,
+        () = &mut controller => {
+            controller_done = true;
+            hold.await
+        }
+    };
+    // A shutdown lets running reconciles finish, within reason. A lost Lease does not: another
+    // replica may be leading already, so whatever is still in flight is dropped now.
+    let grace = if held.is_ok() {
+        SHUTDOWN_GRACE
+    } else {
+        Duration::ZERO
+    };
+    if !controller_done && tokio::time::timeout(grace, &mut controller).await.is_err() {
+        tracing::warn!(?grace, "not waiting any longer for running reconciles");
+    }
     metrics.leader.store(false, Ordering::Relaxed);
     if let (Some(mut e), Ok(())) = (elector, &held) {
         e.release().await;
