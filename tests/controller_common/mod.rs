@@ -63,6 +63,16 @@ impl Controller {
     /// Starts with fast Lease timings (3 s Lease, 2 s renew deadline, 1 s retry) and a long
     /// resync, so what happens is caused by watch events.
     pub fn start(kubeconfig: &Path, identity: &str, extra: &[&str]) -> Controller {
+        Controller::start_with_lease(kubeconfig, identity, ["3", "2", "1"], extra)
+    }
+
+    /// Starts with Lease timings `[duration, renew deadline, retry period]` in seconds.
+    pub fn start_with_lease(
+        kubeconfig: &Path,
+        identity: &str,
+        lease: [&str; 3],
+        extra: &[&str],
+    ) -> Controller {
         let port = free_port();
         let child = Command::new(bin())
             .arg("--kubeconfig")
@@ -76,11 +86,11 @@ impl Controller {
                 "--lease-namespace",
                 "kube-system",
                 "--lease-duration-secs",
-                "3",
+                lease[0],
                 "--renew-deadline-secs",
-                "2",
+                lease[1],
                 "--retry-period-secs",
-                "1",
+                lease[2],
                 "--resync-secs",
                 "3600",
             ])
