@@ -317,9 +317,9 @@ async fn a_standby_takes_over_the_lease_when_the_leader_stops_or_dies() {
             .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_string))
     };
 
-    let mut a = Controller::start(&kc, "replica-a", &[]);
+    let mut a = Controller::start_fast_lease(&kc, "replica-a");
     wait_until(30, "replica-a leads", || a.leading()).await;
-    let b = Controller::start(&kc, "replica-b", &[]);
+    let b = Controller::start_fast_lease(&kc, "replica-b");
     // A standby is ready (it is doing its job) but does not lead.
     wait_until(30, "replica-b answers as a standby", || {
         b.get("/readyz").is_some_and(|(c, _)| c == 200)
@@ -337,9 +337,9 @@ async fn a_standby_takes_over_the_lease_when_the_leader_stops_or_dies() {
     println!("takeover after a graceful stop: {:?}", t.elapsed());
     assert_eq!(holder().as_deref(), Some("replica-b"));
 
-    // SIGKILL: nothing is released; c takes over once the 3 s Lease has gone unrenewed.
+    // SIGKILL: nothing is released; c takes over once the 6 s Lease has gone unrenewed.
     let mut b = b;
-    let c = Controller::start(&kc, "replica-c", &[]);
+    let c = Controller::start_fast_lease(&kc, "replica-c");
     wait_until(30, "replica-c answers as a standby", || {
         c.get("/readyz").is_some_and(|(code, _)| code == 200)
     })
@@ -433,10 +433,10 @@ async fn a_leader_that_cannot_renew_stops_before_its_lease_expires() {
     sim::seed_daemonset(&server, recorded_daemonset("telemetry"), "768bcc7446");
     let dir = tempfile::tempdir().unwrap();
     let kc = admin_kubeconfig(&server, dir.path());
-    let mut ctl = Controller::start(&kc, "replica-a", &[]);
+    let mut ctl = Controller::start_fast_lease(&kc, "replica-a");
     wait_until(30, "replica-a leads", || ctl.leading()).await;
-    // The apiserver stops answering this replica: its renewals hang. With a 3 s Lease and a
-    // 2 s renew deadline it must give up leading (and exit non-zero, for its Deployment to
+    // The apiserver stops answering this replica: its renewals hang. With a 6 s Lease and a
+    // 4 s renew deadline it must give up leading (and exit non-zero, for its Deployment to
     // restart it) without waiting for a request timeout.
     let t = Instant::now();
     server.stall(true);

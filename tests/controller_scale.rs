@@ -74,7 +74,7 @@ async fn a_thousand_nodes_roll_in_budget_sized_waves() {
     let t_start = Instant::now();
     // The default Lease timings: the debug-built fake apiserver and stand-in share this VM
     // with the controller, and a 2 s renew deadline is shorter than their worst answers.
-    let mut ctl = Controller::start_with_lease(&kc, "controller-scale", ["15", "10", "2"], &[]);
+    let mut ctl = Controller::start(&kc, "controller-scale", &[]);
     wait_until(120, "the controller leads with synced caches", || {
         ctl.leading()
     })

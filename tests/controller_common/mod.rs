@@ -60,10 +60,15 @@ pub struct Controller {
 }
 
 impl Controller {
-    /// Starts with fast Lease timings (3 s Lease, 2 s renew deadline, 1 s retry) and a long
-    /// resync, so what happens is caused by watch events.
+    /// Starts with the default Lease timings (a loaded VM must not make it give up leading)
+    /// and a long resync, so what happens is caused by watch events.
     pub fn start(kubeconfig: &Path, identity: &str, extra: &[&str]) -> Controller {
-        Controller::start_with_lease(kubeconfig, identity, ["3", "2", "1"], extra)
+        Controller::start_with_lease(kubeconfig, identity, ["15", "10", "2"], extra)
+    }
+
+    /// Starts with fast Lease timings: a 6 s Lease, a 4 s renew deadline, 1 s between tries.
+    pub fn start_fast_lease(kubeconfig: &Path, identity: &str) -> Controller {
+        Controller::start_with_lease(kubeconfig, identity, ["6", "4", "1"], &[])
     }
 
     /// Starts with Lease timings `[duration, renew deadline, retry period]` in seconds.
