@@ -13,11 +13,15 @@
 //! - [`sync`]: reflectors that list/watch the apiserver into the store, and link health;
 //! - [`object`]: the few fields of a Kubernetes object the cache indexes;
 //! - [`revision`]: pure decisions: update revision, `PodNeedUpgrade`, in place or recreate;
-//! - [`names`]: DNS-1123 name rules.
+//! - [`names`]: DNS-1123 name rules;
+//! - [`controller`]: the cloud-side `edgehub controller` (kube-rs, feature `controller`).
 
 pub mod api;
 pub mod backoff;
 pub mod config;
+/// The cloud-side `edgehub controller`: its pure decision is always built (and tested); its
+/// kube-rs I/O only with feature `controller`.
+pub mod controller;
 pub mod cri;
 pub mod failpoint;
 pub mod kube;

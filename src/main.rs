@@ -92,6 +92,42 @@ enum Command {
     },
     /// Print the version.
     Version,
+    /// Run the cloud-side controller: AdvancedRollingUpdate and OTA `PodNeedUpgrade` for
+    /// OpenYurt-annotated OnDelete DaemonSets. Uses --kubeconfig, else KUBECONFIG,
+    /// ~/.kube/config or the in-cluster service account.
+    #[cfg(feature = "controller")]
+    Controller(ControllerArgs),
+}
+
+#[cfg(feature = "controller")]
+#[derive(clap::Args)]
+struct ControllerArgs {
+    /// Where /metrics, /healthz and /readyz are served.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    metrics_addr: std::net::SocketAddr,
+    /// Run without the leader Lease (only ever one replica!).
+    #[arg(long)]
+    no_leader_elect: bool,
+    /// Namespace of the leader Lease (in a pod: its own namespace).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "kube-system")]
+    lease_namespace: String,
+    #[arg(long, default_value = "edgehub-controller")]
+    lease_name: String,
+    /// This replica's name in the Lease. Default: the pod name, else the hostname.
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// Seconds a Lease stays valid without renewal.
+    #[arg(long, default_value_t = 15)]
+    lease_duration_secs: u64,
+    /// Seconds the leader keeps trying to renew before it stops leading.
+    #[arg(long, default_value_t = 10)]
+    renew_deadline_secs: u64,
+    /// Seconds between Lease attempts and renewals.
+    #[arg(long, default_value_t = 2)]
+    retry_period_secs: u64,
+    /// Seconds between reconciles of a DaemonSet when nothing changes.
+    #[arg(long, default_value_t = 300)]
+    resync_secs: u64,
 }
 
 fn main() -> ExitCode {
@@ -122,6 +158,8 @@ fn main() -> ExitCode {
                 tail: tail.and_then(|n| u64::try_from(n).ok()),
             },
         ),
+        #[cfg(feature = "controller")]
+        Command::Controller(args) => controller(&cli, args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -316,6 +354,59 @@ impl Signals {
             _ = self.int.recv() => {}
         }
     }
+}
+
+/// `edgehub controller`: everything but flag parsing and signals is in the library.
+#[cfg(feature = "controller")]
+fn controller(cli: &Cli, args: &ControllerArgs) -> anyhow::Result<()> {
+    use edgehub::controller;
+    use std::io::IsTerminal;
+    use std::time::Duration;
+    let log = cli
+        .log
+        .clone()
+        .or_else(|| std::env::var("EDGEHUB_LOG").ok())
+        .unwrap_or_else(|| "info".into());
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(&log))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    let identity = match &args.identity {
+        Some(i) => i.clone(),
+        None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .ok()
+            .filter(|h| !h.is_empty())
+            .context("no --identity, POD_NAME or hostname for the leader Lease")?,
+    };
+    let opts = controller::Options {
+        kubeconfig: cli.kubeconfig.clone(),
+        metrics_addr: args.metrics_addr,
+        leader_elect: !args.no_leader_elect,
+        lease_namespace: args.lease_namespace.clone(),
+        lease_name: args.lease_name.clone(),
+        identity,
+        lease: controller::Timings {
+            lease_duration: Duration::from_secs(args.lease_duration_secs),
+            renew_deadline: Duration::from_secs(args.renew_deadline_secs),
+            retry_period: Duration::from_secs(args.retry_period_secs),
+        },
+        resync: Duration::from_secs(args.resync_secs.max(1)),
+        ..controller::Options::default()
+    };
+    if opts.lease.renew_deadline >= opts.lease.lease_duration {
+        anyhow::bail!("--renew-deadline-secs must be less than --lease-duration-secs, or two replicas could lead at once");
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        let mut signals = Signals::install()?;
+        controller::run(opts, async move { signals.wait().await }).await?;
+        Ok(())
+    })
 }
 
 /// A client for this node's local API, from the same configuration `edgehub run` uses.
