@@ -412,3 +412,34 @@ async fn a_recreate_runs_the_new_init_container_first() {
     assert_eq!(n.running("sidecar").await.len(), 1);
     n.clean().await;
 }
+
+/// A recreate whose new pod crashes rolls back: the new sandbox goes, and the pod runs its
+/// old spec again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_recreate_rolls_back_to_the_old_pod() {
+    let mut n = node("recfail").await;
+    n.edited_and_offline(|spec| {
+        spec["containers"][0]["image"] = "127.0.0.1:5000/busybox:3.0-crash".into();
+        spec["containers"][0]["env"] = serde_json::json!([{"name": "LEVEL", "value": "debug"}]);
+        // The image's own command, which exits at once.
+        spec["containers"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("command");
+    })
+    .await;
+    let (code, body) = n.http("POST", &n.upgrade_path());
+    assert_eq!(code, 200, "{body}");
+    let end = n.wait_state(90, &["Done", "RolledBack", "Failed"]).await;
+    assert_eq!(end["state"], "RolledBack", "{end}\n{}", n.log());
+    n.wait_for(30, "the old spec runs again", |n| async move {
+        let app = n.running("app").await;
+        app.len() == 1
+            && app[0].image.as_ref().unwrap().image == "127.0.0.1:5000/busybox:1.0"
+            && n.running("sidecar").await.len() == 1
+    })
+    .await;
+    assert_eq!(n.sandboxes().await.len(), 1, "the new sandbox is gone");
+    assert_eq!(n.need().unwrap()["status"], "True");
+    n.clean().await;
+}
