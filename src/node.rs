@@ -431,11 +431,17 @@ impl NodeAgent {
                 }
             }
         }
+        let was_healthy = self.healthy;
         self.healthy = match self.renew_lease().await {
             Ok(()) => true,
             Err(e) => {
                 bump(&self.stats.errors);
-                tracing::warn!(node = %self.node_name, error = %e, "lease renewal failed");
+                // Offline, every 10 s: said once, then quietly until it works again.
+                if was_healthy || !e.is_offline() {
+                    tracing::warn!(node = %self.node_name, error = %e, "lease renewal failed");
+                } else {
+                    tracing::debug!(node = %self.node_name, error = %e, "lease renewal failed");
+                }
                 false
             }
         };

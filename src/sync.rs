@@ -53,10 +53,15 @@ impl LinkReporter {
             if *cur == state {
                 return false;
             }
+            // Said once per transition: while the link stays down, the reason may change with
+            // each reflector's retry, and the log would repeat it several times a second.
+            let was_down = matches!(cur, LinkState::Offline { .. });
             match &state {
                 LinkState::Online => tracing::info!("apiserver link is up"),
-                LinkState::Offline { reason } => tracing::warn!(%reason, "apiserver link is down"),
-                LinkState::Unknown => {}
+                LinkState::Offline { reason } if !was_down => {
+                    tracing::warn!(%reason, "apiserver link is down")
+                }
+                LinkState::Offline { .. } | LinkState::Unknown => {}
             }
             *cur = state;
             true
@@ -382,7 +387,11 @@ impl Reflector {
                             backoff.next_delay().max(Duration::from_secs(1))
                         }
                     };
-                    if !delay.is_zero() {
+                    let link_down = matches!(&e, ReflectError::Kube(k) if k.is_offline());
+                    if link_down {
+                        // "apiserver link is down" said it once; each retry is a detail.
+                        tracing::debug!(resource = %key, error = %e, retry_in_ms = delay.as_millis() as u64, "sync retry");
+                    } else if !delay.is_zero() {
                         tracing::warn!(resource = %key, error = %e, retry_in_ms = delay.as_millis() as u64, "sync error");
                     }
                     tokio::select! {
