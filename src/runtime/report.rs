@@ -7,6 +7,12 @@
 //!   next comparison is against what the apiserver now holds.
 //! - An Event is created; if it exists already (409), its count and lastTimestamp are patched,
 //!   the kubelet's event series.
+//! - The revision a pod runs after an offline upgrade is reported by delete-and-adopt: once
+//!   its DaemonSet's update revision is still that revision, the pod object is deleted (uid
+//!   precondition, grace 0); the DaemonSet controller creates its replacement at that
+//!   revision, and the runtime binds the replacement to the running sandbox. A node identity
+//!   may delete its pods but not patch their spec or labels. With `report.mode = "patch"`
+//!   (identities that may), the images and the hash label are patched instead.
 
 use super::status::{merge_onto, two_way_patch};
 use crate::backoff::Backoff;
@@ -21,11 +27,23 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
+/// How the revision an upgrade committed offline reaches the cloud.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RevisionReport {
+    /// Delete the pod object; its replacement adopts the running sandbox (a node identity).
+    #[default]
+    DeleteAndAdopt,
+    /// Patch the pod's images and hash label (identities allowed to patch pods).
+    Patch,
+}
+
 /// What one drain did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Drained {
     pub statuses_sent: usize,
     pub events_sent: usize,
+    /// Revisions reported (pods deleted for adoption, or patched).
+    pub revisions_reported: usize,
     /// Dropped: the pod is gone, or the apiserver will never take it.
     pub dropped: usize,
     /// The link is down; the rest waits.
@@ -40,6 +58,7 @@ pub struct Reporter {
     retry: HashMap<String, (Instant, Backoff)>,
     /// Waits after the link was found down.
     offline: Backoff,
+    pub revision_report: RevisionReport,
 }
 
 enum Sent {
@@ -56,6 +75,7 @@ impl Reporter {
             store,
             retry: HashMap::new(),
             offline: Backoff::new(Duration::from_secs(1), Duration::from_secs(30)),
+            revision_report: RevisionReport::default(),
         }
     }
 
@@ -178,7 +198,111 @@ impl Reporter {
                 Sent::Retry(e) => self.failed(&key, &e),
             }
         }
+        for r in self.store.running_revisions()? {
+            if r.awaiting_since_ms.is_some() {
+                continue;
+            }
+            let key = format!("revision/{}", r.pod_uid);
+            if !self.due(&key) {
+                continue;
+            }
+            match self.send_revision(&r).await? {
+                Sent::Done => {
+                    self.retry.remove(&key);
+                    d.revisions_reported += 1;
+                }
+                Sent::Drop(why) => {
+                    tracing::debug!(pod_uid = %r.pod_uid, reason = %why, "revision not reported");
+                    self.retry.remove(&key);
+                }
+                Sent::Offline => {
+                    d.offline = true;
+                    return Ok(d);
+                }
+                Sent::Retry(e) => self.failed(&key, &e),
+            }
+        }
         Ok(d)
+    }
+
+    /// Reports the revision a pod runs after an offline upgrade, when its DaemonSet still
+    /// wants that revision (if it moved on, the pod's status says what runs and
+    /// PodNeedUpgrade stays True).
+    async fn send_revision(&self, r: &crate::store::RunningRevision) -> Result<Sent, StoreError> {
+        let Some(pod) = self.store.get_by_uid(Kind::Pod, &r.pod_uid)? else {
+            return Ok(Sent::Drop("the pod is no longer cached".into()));
+        };
+        if pod.index.revision_hash.as_deref() == Some(r.hash.as_str()) {
+            return Ok(Sent::Drop("the cloud already has the revision".into()));
+        }
+        let Some(owner) = pod.index.owner_uid.as_deref() else {
+            return Ok(Sent::Drop("the pod has no owner".into()));
+        };
+        let mut decider = crate::need_upgrade::Decider::new(&self.store);
+        let wanted = decider
+            .daemonset(owner)?
+            .and_then(|ds| crate::revision::update_revision(&ds.revisions))
+            .map(|rev| rev.hash.clone());
+        if wanted.as_deref() != Some(r.hash.as_str()) {
+            return Ok(Sent::Drop(
+                "the DaemonSet moved on: status only, PodNeedUpgrade stays True".into(),
+            ));
+        }
+        let ns = &pod.index.namespace;
+        let name = &pod.index.name;
+        let patchable = matches!(
+            serde_json::from_str::<crate::upgrade::plan::RunningAs>(&r.images),
+            Ok(crate::upgrade::plan::RunningAs::Images(_))
+        );
+        if self.revision_report == RevisionReport::Patch && patchable {
+            let images = match serde_json::from_str(&r.images) {
+                Ok(crate::upgrade::plan::RunningAs::Images(i)) => i,
+                _ => Default::default(),
+            };
+            let containers: Vec<Value> = images
+                .iter()
+                .map(|(n, i)| json!({"name": n, "image": i}))
+                .collect();
+            let patch = json!({
+                "metadata": {"uid": r.pod_uid, "labels": {crate::object::REVISION_HASH_LABEL: r.hash}},
+                "spec": {"containers": containers},
+            });
+            return Ok(
+                match self
+                    .client
+                    .patch(
+                        &PODS,
+                        Some(ns),
+                        name,
+                        None,
+                        PatchType::StrategicMerge,
+                        patch.to_string().into_bytes(),
+                    )
+                    .await
+                {
+                    Ok(_) => {
+                        tracing::info!(pod = %name, namespace = %ns, revision = %r.hash, "revision reported by patch");
+                        Sent::Done
+                    }
+                    Err(e) => classify(e),
+                },
+            );
+        }
+        let answer = self
+            .client
+            .delete(&PODS, Some(ns), name, Some(&r.pod_uid), Some(0))
+            .await;
+        match answer {
+            // 404: already gone; 409: replaced under another uid. Either way it awaits its
+            // replacement.
+            Ok(_) => {}
+            Err(e) if matches!(e.code(), Some(404) | Some(409)) => {}
+            Err(e) => return Ok(classify(e)),
+        }
+        tracing::info!(pod = %name, namespace = %ns, revision = %r.hash,
+            "pod object deleted; its replacement will adopt the running sandbox");
+        self.store.mark_awaiting_adoption(&r.pod_uid)?;
+        Ok(Sent::Done)
     }
 
     async fn send_status(&self, q: &QueuedStatus) -> Result<Sent, StoreError> {

@@ -377,6 +377,29 @@ impl Store {
         journal::pull_requested(&self.conn(), pod_uid, to_hash)
     }
 
+    /// The pod object of a running revision was deleted so that its replacement adopts it.
+    pub fn mark_awaiting_adoption(&self, pod_uid: &str) -> Result<(), StoreError> {
+        journal::mark_awaiting(&self.conn(), pod_uid, crate::time::now_ms())?;
+        self.notify();
+        Ok(())
+    }
+
+    /// Binds `pod_uid` to the CRI objects labelled `label_uid` (delete-and-adopt).
+    pub fn adopt(&self, label_uid: &str, pod_uid: &str) -> Result<(), StoreError> {
+        journal::adopt(&mut self.conn(), label_uid, pod_uid, crate::time::now_ms())?;
+        self.notify();
+        Ok(())
+    }
+
+    /// Label uid -> the pod its CRI objects belong to, for adopted sandboxes.
+    pub fn pod_aliases(&self) -> Result<HashMap<String, String>, StoreError> {
+        Ok(journal::aliases(&self.conn())?.into_iter().collect())
+    }
+
+    pub fn forget_aliases_of(&self, pod_uid: &str) -> Result<(), StoreError> {
+        journal::forget_aliases_of(&self.conn(), pod_uid)
+    }
+
     pub fn forget_running_revision(&self, pod_uid: &str) -> Result<(), StoreError> {
         journal::forget_running_revision(&self.conn(), pod_uid)?;
         self.notify();

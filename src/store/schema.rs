@@ -115,6 +115,18 @@ const MIGRATIONS: &[&str] = &[
         images        TEXT NOT NULL,
         committed_ms  INTEGER NOT NULL
     ) WITHOUT ROWID;",
+    // 6 -> 7: the revision report by delete-and-adopt. A running revision remembers the pod's
+    // namespace and DaemonSet, and since when its pod object was deleted so the DaemonSet
+    // controller replaces it; pod_aliases binds a replacement pod to the sandbox and
+    // containers labelled with the pod it replaced.
+    "ALTER TABLE running_revisions ADD COLUMN namespace TEXT;
+    ALTER TABLE running_revisions ADD COLUMN owner_uid TEXT;
+    ALTER TABLE running_revisions ADD COLUMN awaiting_since_ms INTEGER;
+    CREATE TABLE pod_aliases (
+        label_uid  TEXT PRIMARY KEY NOT NULL,
+        pod_uid    TEXT NOT NULL,
+        since_ms   INTEGER NOT NULL
+    ) WITHOUT ROWID;",
 ];
 
 /// The schema version this binary writes.
