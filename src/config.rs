@@ -36,9 +36,13 @@ pub struct Config {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReportConfig {
     /// How an upgrade's new revision is reported.
-    pub mode: crate::runtime::report::RevisionReport,
+    pub mode: crate::outbox::RevisionReport,
     /// How long a sandbox whose pod object was deleted waits for its replacement to adopt it.
     pub adopt_timeout: Duration,
+    /// The longest random wait before draining when the link comes back.
+    pub reconnect_jitter: Duration,
+    /// Requests a second the outbox sends at most (0: no limit).
+    pub max_rate: u32,
 }
 
 /// The Node object edgehub registers and keeps current, as a kubelet would.
@@ -158,6 +162,8 @@ struct FileConfig {
 struct FileReport {
     mode: Option<String>,
     adopt_timeout_secs: Option<u64>,
+    reconnect_jitter_secs: Option<u64>,
+    max_rate: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -472,8 +478,8 @@ impl Config {
         let r = file.report;
         let report = ReportConfig {
             mode: match r.mode.as_deref() {
-                None | Some("adopt") => crate::runtime::report::RevisionReport::DeleteAndAdopt,
-                Some("patch") => crate::runtime::report::RevisionReport::Patch,
+                None | Some("adopt") => crate::outbox::RevisionReport::DeleteAndAdopt,
+                Some("patch") => crate::outbox::RevisionReport::Patch,
                 Some(other) => {
                     return Err(invalid(
                         "report.mode",
@@ -487,6 +493,8 @@ impl Config {
                 600,
                 86_400,
             )?),
+            reconnect_jitter: Duration::from_secs(r.reconnect_jitter_secs.unwrap_or(30).min(3_600)),
+            max_rate: r.max_rate.unwrap_or(20),
         };
         Ok(Config {
             node_name,

@@ -286,11 +286,13 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
         edgehub::sources::fetch::Fetcher::new(client.clone(), store.clone())
             .run(shutdown_rx.clone()),
     );
-    // What the runtime reports (pod statuses, Events), delivered in a task of its own.
+    // The outbox's sender: what the runtime and the engine report, delivered in a task of its own.
     let report_task = tokio::spawn(
         {
-            let mut r = runtime::report::Reporter::new(client, store.clone());
+            let mut r = edgehub::outbox::Sender::new(client, store.clone());
             r.revision_report = config.report.mode;
+            r.reconnect_jitter = config.report.reconnect_jitter;
+            r.max_rate = config.report.max_rate;
             r
         }
         .run(Some(sync.link.clone()), shutdown_rx.clone()),

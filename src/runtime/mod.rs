@@ -21,7 +21,6 @@ pub mod decide;
 pub mod desired;
 pub mod observe;
 pub mod probes;
-pub mod report;
 pub mod status;
 
 pub use crate::backoff::BackoffPolicy;
@@ -671,6 +670,7 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
         let name = ev["metadata"]["name"].as_str().unwrap_or_default();
         self.store.queue_event(
             &QueuedEvent {
+                pod_uid: pod.index.uid.clone(),
                 key: format!("{}/{name}", pod.index.namespace),
                 namespace: pod.index.namespace.clone(),
                 body: ev.to_string(),

@@ -4,7 +4,7 @@
 //! on the device.
 
 use super::requests::{row, RequestRecord, COLUMNS};
-use super::{reports, QueuedEvent, StoreError};
+use super::{outbox, QueuedEvent, StoreError};
 use rusqlite::{params, Connection, OptionalExtension};
 
 /// What a transition writes besides the row, in the same transaction.
@@ -80,7 +80,7 @@ pub fn transition(
     )?
     .execute(params![id, seq, to, now_ms, error])?;
     for e in &effects.events {
-        reports::queue_event(&tx, e, now_ms)?;
+        outbox::queue_event(&tx, e, now_ms)?;
     }
     if let Some(r) = &effects.running {
         tx.prepare_cached(

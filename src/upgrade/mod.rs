@@ -440,6 +440,7 @@ impl<R: CriRuntime + 'static> Engine<R> {
                 .unwrap_or_default()
                 .to_string();
             Some(QueuedEvent {
+                pod_uid: pod.index.uid.clone(),
                 key: format!("{}/{name}", pod.index.namespace),
                 namespace: pod.index.namespace.clone(),
                 body: ev.to_string(),
