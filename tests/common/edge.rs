@@ -55,7 +55,8 @@ pub async fn node(tag: &str) -> Node {
         format!(
             "node_name = \"{name}\"\napi_addr = \"{api}\"\ndata_dir = \"{}\"\nkubeconfig = \"{}\"\ncri_socket = \"{}\"\n\
              [sync]\nbackoff_initial_ms = 50\nbackoff_max_secs = 1\n\
-             [upgrade]\nverify_timeout_secs = 6\n",
+             [upgrade]\nverify_timeout_secs = 6\n\
+             [report]\nreconnect_jitter_secs = 2\n",
             dir.path().join("data").display(),
             kc.display(),
             socket.display()
