@@ -297,17 +297,42 @@ impl<C: Cloud> Sender<C> {
                 },
             }
         }
-        for r in self.store.running_revisions()? {
+        // A pod whose upgrade is still going (Committed, not yet Done) is the engine's: its
+        // revision is reported once it finishes, so the deletion cannot pull the pod out
+        // from under the engine's last step.
+        let upgrading: HashSet<String> = self
+            .store
+            .active_requests()?
+            .into_iter()
+            .map(|r| r.pod_uid)
+            .collect();
+        let revisions = self.store.running_revisions()?;
+        // Only pods still owed a report keep a retry time (an expired one would make
+        // `next_due` wake the sender at once, again and again).
+        self.revision_retry
+            .retain(|uid, _| revisions.iter().any(|r| &r.pod_uid == uid));
+        for r in revisions {
+            if upgrading.contains(&r.pod_uid) {
+                // Looked at again shortly: nothing else wakes the sender when it ends.
+                self.revision_retry.insert(
+                    r.pod_uid.clone(),
+                    (Instant::now() + Duration::from_secs(1), 0),
+                );
+                continue;
+            }
             // Awaiting with its pod object still cached: the deletion was cut off (a power
             // cut between the mark and the request), or its watch event is on its way. Asked
             // again (a 404 is fine), at most once a [`AWAIT_RESEND`].
             let deleted = r.awaiting_since_ms.is_some()
                 && self.store.get_by_uid(Kind::Pod, &r.pod_uid)?.is_none();
-            if deleted
-                || self
-                    .revision_retry
-                    .get(&r.pod_uid)
-                    .is_some_and(|(t, _)| Instant::now() < *t)
+            if deleted {
+                self.revision_retry.remove(&r.pod_uid);
+                continue;
+            }
+            if self
+                .revision_retry
+                .get(&r.pod_uid)
+                .is_some_and(|(t, _)| Instant::now() < *t)
             {
                 continue;
             }

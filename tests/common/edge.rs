@@ -56,7 +56,7 @@ pub async fn node(tag: &str) -> Node {
             "node_name = \"{name}\"\napi_addr = \"{api}\"\ndata_dir = \"{}\"\nkubeconfig = \"{}\"\ncri_socket = \"{}\"\n\
              [sync]\nbackoff_initial_ms = 50\nbackoff_max_secs = 1\n\
              [upgrade]\nverify_timeout_secs = 6\n\
-             [report]\nreconnect_jitter_secs = 2\n",
+             [report]\nreconnect_jitter_secs = 2\nretry_max_secs = 4\n",
             dir.path().join("data").display(),
             kc.display(),
             socket.display()
