@@ -349,6 +349,14 @@ impl Node {
     }
 }
 
+/// A test that fails panics before `clean`: its edgehub must not outlive it, running on and
+/// loading the machine for the tests after it.
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
 /// A third revision of telemetry whose app runs `image`; returns its hash.
 pub fn third_revision(server: &FakeApiServer, image: &str) -> String {
     let owned = image.to_string();
