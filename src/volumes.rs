@@ -191,6 +191,40 @@ pub fn remove_pod_dir(dir: &Path) -> std::io::Result<()> {
     }
 }
 
+/// The prefix of the service-account token volume the apiserver's ServiceAccount admission
+/// adds to every pod, with a random suffix.
+pub const TOKEN_VOLUME_PREFIX: &str = "kube-api-access-";
+
+/// After delete-and-adopt: the replacement pod's token volume has a new random name, while
+/// the adopted containers mount the replaced pod's. `new_name` (in `volume_dir/projected`)
+/// becomes a symlink to the one other token volume there, so the renewed token the runtime
+/// writes for the replacement lands in the directory the containers see. (The directory is
+/// a tmpfs mount point, which cannot be renamed.) Returns whether a link was made; nothing
+/// is done when `new_name` exists or the old volume is not exactly one.
+pub fn link_adopted_token_volume(volume_dir: &Path, new_name: &str) -> std::io::Result<bool> {
+    let projected = volume_dir.join("projected");
+    if !new_name.starts_with(TOKEN_VOLUME_PREFIX)
+        || std::fs::symlink_metadata(projected.join(new_name)).is_ok()
+    {
+        return Ok(false);
+    }
+    let old: Vec<String> = match std::fs::read_dir(&projected) {
+        Ok(rd) => rd
+            .filter_map(Result::ok)
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(TOKEN_VOLUME_PREFIX))
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let [old] = old.as_slice() else {
+        return Ok(false);
+    };
+    std::os::unix::fs::symlink(old, projected.join(new_name))?;
+    Ok(true)
+}
+
 fn check_host_path(name: &str, path: &Path, kind: &str) -> Result<(), Unsupported> {
     let meta = std::fs::metadata(path);
     let ok = match (kind, &meta) {
@@ -379,6 +413,30 @@ mod tests {
         // A mode change alone is a change.
         let v3 = vec![file("app.conf", "level=debug\n", 0o640)];
         assert!(write_files(&dir, &v3).unwrap());
+    }
+
+    #[test]
+    fn an_adopted_token_volume_is_linked_to_the_mounted_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let projected = dir.path().join("projected");
+        assert!(!link_adopted_token_volume(dir.path(), "kube-api-access-new").unwrap());
+        std::fs::create_dir_all(projected.join("kube-api-access-old")).unwrap();
+        std::fs::create_dir_all(projected.join("other")).unwrap();
+        assert!(!link_adopted_token_volume(dir.path(), "other-new").unwrap());
+        assert!(link_adopted_token_volume(dir.path(), "kube-api-access-new").unwrap());
+        assert!(
+            !link_adopted_token_volume(dir.path(), "kube-api-access-new").unwrap(),
+            "once"
+        );
+        std::fs::write(projected.join("kube-api-access-new/token"), "t2").unwrap();
+        assert_eq!(
+            std::fs::read_to_string(projected.join("kube-api-access-old/token")).unwrap(),
+            "t2",
+            "written through to the mounted directory"
+        );
+        // Two candidates: which one is ambiguous; nothing is linked.
+        std::fs::create_dir_all(projected.join("kube-api-access-x")).unwrap();
+        assert!(!link_adopted_token_volume(dir.path(), "kube-api-access-y").unwrap());
     }
 
     #[test]

@@ -541,6 +541,24 @@ async fn when_the_link_returns_the_replacement_adopts_the_upgraded_pod() {
     .await;
     n.wait_for(
         30,
+        "the adopted container reads the replacement's token (renewed from now on)",
+        |n| {
+            let id = app.id.clone();
+            async move {
+                let cat = vec![
+                    "cat".to_string(),
+                    "/var/run/secrets/kubernetes.io/serviceaccount/token".to_string(),
+                ];
+                n.cri
+                    .exec_sync(&id, cat, Duration::from_secs(5))
+                    .await
+                    .is_ok_and(|r| r.stdout == b"fake-token-for-telemetry-x7k2p")
+            }
+        },
+    )
+    .await;
+    n.wait_for(
+        30,
         "GET /pods shows the replacement, current",
         |n| async move {
             let (code, body) = n.http("GET", "/pods");

@@ -394,6 +394,9 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
                     tracing::info!(pod_uid = %uid, adopts = %label_uid,
                         "the replacement pod adopts the running sandbox; nothing restarts");
                     self.store.adopt(&label_uid, &uid)?;
+                    if let Some(pod) = by_uid.get(uid.as_str()) {
+                        self.link_token_volume(&label_uid, pod);
+                    }
                 }
                 Action::GiveUpAdoption { uid } => {
                     tracing::warn!(pod_uid = %uid,
@@ -657,6 +660,29 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
         })?;
         queued.insert(uid.clone(), ours);
         Ok(())
+    }
+
+    /// The adopted containers mount the replaced pod's token volume: the replacement's, under
+    /// its new name, is linked to it, so renewed tokens reach them.
+    fn link_token_volume(&self, label_uid: &str, pod: &DesiredPod) {
+        let raw: Value = serde_json::from_str(&pod.obj.raw).unwrap_or(Value::Null);
+        let names = raw
+            .pointer("/spec/volumes")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter(|v| v.get("projected").is_some())
+            .filter_map(|v| v["name"].as_str());
+        let volumes = desired::pod_dir(&self.data_dir, label_uid).join("volumes");
+        for name in names {
+            match crate::volumes::link_adopted_token_volume(&volumes, name) {
+                Ok(true) => tracing::info!(pod = %pod.obj.index.name, volume = name,
+                    "the adopted containers' token volume now receives the replacement's token"),
+                Ok(false) => {}
+                Err(e) => tracing::warn!(pod = %pod.obj.index.name, volume = name, error = %e,
+                    "cannot link the adopted token volume; its token will not be renewed"),
+            }
+        }
     }
 
     /// Queues a Warning Event about a pod in the store, for the next time the link is up.

@@ -1725,6 +1725,9 @@ fn create(
     }
     obj["metadata"]["uid"] = state.new_uid().into();
     obj["metadata"]["creationTimestamp"] = now_rfc3339().into();
+    if rt.plural == "pods" {
+        admit_service_account(&mut obj);
+    }
     if rt.plural == "events" {
         // The apiserver's defaults for core/v1 Events.
         if let Value::Object(m) = &mut obj {
@@ -1736,6 +1739,73 @@ fn create(
     let out = commit(state, &mut db, rt, key, obj, None);
     json_response(201, &out)
 }
+
+/// The ServiceAccount admission plugin, as the recorded replacement pod shows it
+/// (fixture `pods_list_after_delete`): a pod created without a token volume gets
+/// `kube-api-access-<5 random characters>` (token, CA bundle, namespace) mounted read-only
+/// in every container, unless `automountServiceAccountToken` is false. Run on every pod
+/// created through the API; objects a test puts in place with `apply` are stored as given.
+pub fn admit_service_account(pod: &mut Value) {
+    const MOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+    let Some(spec) = pod.get_mut("spec").and_then(Value::as_object_mut) else {
+        return;
+    };
+    if spec.get("automountServiceAccountToken") == Some(&Value::Bool(false)) {
+        return;
+    }
+    let has_token = |v: &Value| {
+        v.pointer("/projected/sources")
+            .and_then(Value::as_array)
+            .is_some_and(|s| s.iter().any(|s| s.get("serviceAccountToken").is_some()))
+    };
+    let volumes = spec.entry("volumes").or_insert_with(|| json!([]));
+    let Some(list) = volumes.as_array_mut() else {
+        return;
+    };
+    if list.iter().any(has_token) {
+        return;
+    }
+    // The apiserver's name generator's alphabet (no vowels, no look-alikes).
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let mut n = NAME_SEQ.fetch_add(1, Ordering::SeqCst) * 7919 + 104_729;
+    let suffix: String = (0..5)
+        .map(|_| {
+            let c = ALPHABET[(n % ALPHABET.len() as u64) as usize] as char;
+            n /= ALPHABET.len() as u64;
+            c
+        })
+        .collect();
+    let name = format!("kube-api-access-{suffix}");
+    list.push(json!({"name": name, "projected": {"sources": [
+        {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}},
+    ], "defaultMode": 420}}));
+    for kind in ["initContainers", "containers"] {
+        for c in spec
+            .get_mut(kind)
+            .and_then(Value::as_array_mut)
+            .into_iter()
+            .flatten()
+        {
+            let mounts = c
+                .as_object_mut()
+                .map(|c| c.entry("volumeMounts").or_insert_with(|| json!([])));
+            if let Some(Value::Array(m)) = mounts {
+                if !m.iter().any(|m| m["mountPath"] == MOUNT) {
+                    m.push(json!({"name": name, "readOnly": true, "mountPath": MOUNT}));
+                }
+            }
+        }
+    }
+    spec.entry("serviceAccountName")
+        .or_insert_with(|| json!("default"));
+    spec.entry("serviceAccount")
+        .or_insert_with(|| json!("default"));
+}
+
+/// Feeds the token volumes' name suffixes.
+static NAME_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 fn token_request(
     state: &Arc<State>,

@@ -303,7 +303,7 @@ pub fn pod_for(ds: &Value, cr: &Value, node: &str, suffix: &str) -> Value {
         meta["annotations"] = a.clone();
     }
     let now = crate::apiserver::now_rfc3339();
-    json!({
+    let mut pod = json!({
         "metadata": meta,
         "spec": spec,
         "status": {
@@ -311,7 +311,10 @@ pub fn pod_for(ds: &Value, cr: &Value, node: &str, suffix: &str) -> Value {
             "conditions": [{"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": now}],
             "qosClass": "Burstable",
         },
-    })
+    });
+    // The controller POSTs the pod; the apiserver's admission adds the token volume.
+    crate::apiserver::admit_service_account(&mut pod);
+    pod
 }
 
 /// A Node named `name`, Ready or not.
