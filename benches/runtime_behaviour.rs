@@ -92,8 +92,7 @@ impl Node {
                 .run(rx.clone()),
         );
         tokio::spawn(
-            edgehub::runtime::report::Reporter::new(self.client.clone(), self.store.clone())
-                .run(None, rx),
+            edgehub::outbox::Sender::new(self.client.clone(), self.store.clone()).run(None, rx),
         );
         self.stop.push(tx);
     }

@@ -29,6 +29,20 @@ pub struct Config {
     pub api: ApiConfig,
     pub node: NodeConfig,
     pub upgrade: crate::upgrade::UpgradeConfig,
+    pub report: ReportConfig,
+}
+
+/// How reports reach the cloud when the link returns (`[report]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReportConfig {
+    /// How an upgrade's new revision is reported.
+    pub mode: crate::outbox::RevisionReport,
+    /// How long a sandbox whose pod object was deleted waits for its replacement to adopt it.
+    pub adopt_timeout: Duration,
+    /// The longest random wait before draining when the link comes back.
+    pub reconnect_jitter: Duration,
+    /// Requests a second the outbox sends at most (0: no limit).
+    pub max_rate: u32,
 }
 
 /// The Node object edgehub registers and keeps current, as a kubelet would.
@@ -139,6 +153,17 @@ struct FileConfig {
     node: FileNode,
     #[serde(default)]
     upgrade: FileUpgrade,
+    #[serde(default)]
+    report: FileReport,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileReport {
+    mode: Option<String>,
+    adopt_timeout_secs: Option<u64>,
+    reconnect_jitter_secs: Option<u64>,
+    max_rate: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -450,6 +475,27 @@ impl Config {
             prepull: u.prepull.unwrap_or(true),
             ..Default::default()
         };
+        let r = file.report;
+        let report = ReportConfig {
+            mode: match r.mode.as_deref() {
+                None | Some("adopt") => crate::outbox::RevisionReport::DeleteAndAdopt,
+                Some("patch") => crate::outbox::RevisionReport::Patch,
+                Some(other) => {
+                    return Err(invalid(
+                        "report.mode",
+                        format!("{other:?}: must be \"adopt\" (delete-and-adopt) or \"patch\""),
+                    ))
+                }
+            },
+            adopt_timeout: Duration::from_secs(secs(
+                "report.adopt_timeout_secs",
+                r.adopt_timeout_secs,
+                600,
+                86_400,
+            )?),
+            reconnect_jitter: Duration::from_secs(r.reconnect_jitter_secs.unwrap_or(30).min(3_600)),
+            max_rate: r.max_rate.unwrap_or(20),
+        };
         Ok(Config {
             node_name,
             data_dir,
@@ -461,6 +507,7 @@ impl Config {
             api,
             node,
             upgrade,
+            report,
         })
     }
 }

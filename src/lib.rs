@@ -32,6 +32,7 @@ pub mod need_upgrade;
 pub mod node;
 pub mod notify;
 pub mod object;
+pub mod outbox;
 pub mod podspec;
 pub mod revision;
 pub mod runtime;

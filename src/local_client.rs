@@ -316,6 +316,25 @@ pub fn status_text(body: &str) -> Result<String, String> {
             ""
         }
     ));
+    let ob = &v["outbox"];
+    if ob.is_object() {
+        let parked = ob["parked"].as_array().cloned().unwrap_or_default();
+        out.push_str(&format!(
+            "outbox: {} queued, {} parked\n",
+            ob["queued"].as_u64().unwrap_or(0),
+            parked.len()
+        ));
+        for p in parked {
+            out.push_str(&format!(
+                "parked: {} {}/{} after {} attempts: {}\n",
+                p["kind"].as_str().unwrap_or("-"),
+                p["namespace"].as_str().unwrap_or("-"),
+                p["name"].as_str().unwrap_or("-"),
+                p["attempts"],
+                p["error"].as_str().unwrap_or("-"),
+            ));
+        }
+    }
     let active = v["activeRequests"].as_array().cloned().unwrap_or_default();
     if active.is_empty() {
         out.push_str("active: none\n");

@@ -255,6 +255,7 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
         config.data_dir.clone(),
         config.node_name.clone(),
     );
+    reconciler.adopt_timeout = config.report.adopt_timeout;
     reconciler.host_ip = node::server_host_port(client.server())
         .and_then(|a| node::local_ip_towards(&a))
         .map(|ip| ip.to_string());
@@ -285,10 +286,16 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
         edgehub::sources::fetch::Fetcher::new(client.clone(), store.clone())
             .run(shutdown_rx.clone()),
     );
-    // What the runtime reports (pod statuses, Events), delivered in a task of its own.
+    // The outbox's sender: what the runtime and the engine report, delivered in a task of its own.
     let report_task = tokio::spawn(
-        runtime::report::Reporter::new(client, store.clone())
-            .run(Some(sync.link.clone()), shutdown_rx.clone()),
+        {
+            let mut r = edgehub::outbox::Sender::new(client, store.clone());
+            r.revision_report = config.report.mode;
+            r.reconnect_jitter = config.report.reconnect_jitter;
+            r.max_rate = config.report.max_rate;
+            r
+        }
+        .run(Some(sync.link.clone()), shutdown_rx.clone()),
     );
     let state = Arc::new(api::ApiState {
         store: store.clone(),

@@ -134,9 +134,7 @@ fn spawn_fetcher(e: &Env, client: &edgehub::kube::ApiClient, every: Duration) {
 fn spawn_reporter(e: &Env, client: &edgehub::kube::ApiClient) {
     let (tx, rx) = tokio::sync::watch::channel(false);
     std::mem::forget(tx);
-    tokio::spawn(
-        edgehub::runtime::report::Reporter::new(client.clone(), e.store.clone()).run(None, rx),
-    );
+    tokio::spawn(edgehub::outbox::Sender::new(client.clone(), e.store.clone()).run(None, rx));
 }
 
 fn status_patches(server: &edgehub_testsupport::FakeApiServer) -> usize {

@@ -443,3 +443,95 @@ async fn a_failed_recreate_rolls_back_to_the_old_pod() {
     assert_eq!(n.need().unwrap()["status"], "True");
     n.clean().await;
 }
+
+/// The report when the link returns: the pod object is deleted (a node may do that, not patch
+/// a pod's spec), the DaemonSet controller replaces it at the revision it already runs, and
+/// the replacement adopts the running sandbox: the cloud ends at the new revision with the
+/// new image in the status, the Events are there, and nothing restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_the_link_returns_the_replacement_adopts_the_upgraded_pod() {
+    use edgehub_testsupport::daemonset_sim::pod_for;
+    let mut n = node("adopt").await;
+    n.rolled_and_offline().await;
+    let (code, _) = n.http("POST", &n.upgrade_path());
+    assert_eq!(code, 200);
+    let end = n.wait_state(60, &["Done", "RolledBack", "Failed"]).await;
+    assert_eq!(end["state"], "Done", "{end}");
+    let app = n.running("app").await[0].clone();
+    let started = n
+        .cri
+        .container_status(&app.id)
+        .await
+        .unwrap()
+        .unwrap()
+        .started_at;
+
+    // The link returns; edgehub deletes the pod object; the DaemonSet controller replaces it.
+    n.server.set_offline(false).await.unwrap();
+    n.wait_for(30, "edgehub deletes the pod object", |n| async move {
+        n.server.get("pods", "vehicle", "telemetry-sv74m").is_none()
+    })
+    .await;
+    let ds = n.server.get("daemonsets", "vehicle", "telemetry").unwrap();
+    let cr = n
+        .server
+        .get("controllerrevisions", "vehicle", "telemetry-55778fbb9f")
+        .unwrap();
+    n.server.apply("pods", pod_for(&ds, &cr, &n.name, "x7k2p"));
+
+    let app_status = |n: &edge::Node| {
+        n.server
+            .get("pods", "vehicle", "telemetry-x7k2p")
+            .and_then(|p| {
+                p["status"]["containerStatuses"]
+                    .as_array()?
+                    .iter()
+                    .find(|c| c["name"] == "app")
+                    .cloned()
+            })
+    };
+    n.wait_for(
+        60,
+        "the replacement reports the new image, ready",
+        |n| async move {
+            app_status(n)
+                .is_some_and(|c| c["image"] == "127.0.0.1:5000/busybox:2.0" && c["ready"] == true)
+        },
+    )
+    .await;
+    let reported = app_status(&n).unwrap();
+    assert_eq!(
+        reported["containerID"],
+        format!("containerd://{}", app.id),
+        "the replacement runs the upgraded container"
+    );
+    let now = n.running("app").await;
+    assert_eq!(now.len(), 1);
+    assert_eq!(now[0].id, app.id, "nothing restarted");
+    let started_now = n
+        .cri
+        .container_status(&app.id)
+        .await
+        .unwrap()
+        .unwrap()
+        .started_at;
+    assert_eq!(started_now, started, "same start time");
+    n.wait_for(30, "the Events reach the cloud", |n| async move {
+        ["upgradestarted", "upgradesucceeded"].iter().all(|r| {
+            n.server
+                .get("events", "vehicle", &format!("telemetry-sv74m.edgehub-{r}"))
+                .is_some()
+        })
+    })
+    .await;
+    n.wait_for(
+        30,
+        "GET /pods shows the replacement, current",
+        |n| async move {
+            let (code, body) = n.http("GET", "/pods");
+            code == 200 && body.contains("telemetry-x7k2p") && !body.contains("telemetry-sv74m")
+        },
+    )
+    .await;
+    n.clean().await;
+}

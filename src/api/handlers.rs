@@ -254,6 +254,16 @@ pub fn status(state: &ApiState) -> Reply {
         Ok(s) => s,
         Err(e) => return Reply::internal("Get status failed", &e),
     };
+    let outbox = match (state.store.outbox_counts(), state.store.outbox_parked()) {
+        (Ok((queued, _)), Ok(parked)) => json!({
+            "queued": queued,
+            "parked": parked.iter().map(|r| json!({
+                "kind": r.kind.as_str(), "namespace": r.namespace, "name": r.name,
+                "attempts": r.attempts, "error": r.last_error,
+            })).collect::<Vec<_>>(),
+        }),
+        (Err(e), _) | (_, Err(e)) => return Reply::internal("Get status failed", &e),
+    };
     let body = json!({
         "node": state.node_name,
         "link": link_json(&state.link.borrow()),
@@ -264,6 +274,7 @@ pub fn status(state: &ApiState) -> Reply {
         "cache": {"pods": pods, "daemonSets": ds, "controllerRevisions": crs, "nodes": nodes,
             "synced": synced},
         "activeRequests": active.iter().map(record_json).collect::<Vec<_>>(),
+        "outbox": outbox,
     });
     Reply::json(200, body.to_string())
 }
@@ -313,6 +324,17 @@ pub fn metrics(state: &ApiState) -> Reply {
         "gauge",
         "Objects in the local cache.",
         &samples,
+    );
+    let (queued, parked) = state.store.outbox_counts().unwrap_or((0, 0));
+    family(
+        &mut out,
+        "edgehub_outbox_rows",
+        "gauge",
+        "Reports waiting for the apiserver: queued, or parked (refused for good).",
+        &[
+            ("state=\"queued\"".to_string(), queued),
+            ("state=\"parked\"".to_string(), parked),
+        ],
     );
     let online = matches!(*state.link.borrow(), LinkState::Online) as u64;
     family(

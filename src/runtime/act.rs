@@ -248,7 +248,10 @@ async fn step<R: CriRuntime>(
         }
         Action::RemovePodDir { .. } => remove_pod_dir(env, &out.uid),
         // Memory-only actions never reach a task.
-        Action::WaitRestart { .. } | Action::Blocked { .. } => {}
+        Action::WaitRestart { .. }
+        | Action::Blocked { .. }
+        | Action::Adopt { .. }
+        | Action::GiveUpAdoption { .. } => {}
     }
     Ok(())
 }

@@ -72,6 +72,19 @@ pub struct Memory<'a> {
     pub volumes: &'a HashMap<String, u64>,
 }
 
+/// A sandbox whose pod object edgehub deleted after an offline upgrade, so the DaemonSet
+/// controller replaces it at the revision it already runs: the replacement adopts it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Awaiting {
+    /// The uid its CRI objects are labelled with.
+    pub label_uid: String,
+    pub namespace: String,
+    pub owner_uid: String,
+    pub hash: String,
+    /// No replacement came in time: its sandbox is stopped.
+    pub expired: bool,
+}
+
 /// Everything one decision looks at.
 #[derive(Debug, Clone, Copy)]
 pub struct Inputs<'a> {
@@ -85,6 +98,8 @@ pub struct Inputs<'a> {
     pub sources_ready: bool,
     pub policy: BackoffPolicy,
     pub now: Instant,
+    /// Sandboxes awaiting their replacement pod (delete-and-adopt).
+    pub awaiting: &'a [Awaiting],
 }
 
 /// What to start a pod with: its sandbox, volumes and first containers.
@@ -164,6 +179,12 @@ pub enum Action {
     },
     /// Remove `<data_dir>/pods/<uid>` (Secrets, tokens, logs) of a pod that is gone.
     RemovePodDir { uid: String },
+    /// A replacement pod adopts the running sandbox of the pod it replaced (no runtime call):
+    /// nothing restarts.
+    Adopt { label_uid: String, uid: String },
+    /// No replacement arrived in time: forget the wait (no runtime call); the sandbox is then
+    /// stopped as any other unknown one.
+    GiveUpAdoption { uid: String },
     /// The pod cannot run yet or at all: report why (no runtime call).
     Blocked {
         uid: String,
@@ -188,6 +209,8 @@ impl Action {
             | Action::KillPod { uid, .. }
             | Action::Finalize { uid, .. }
             | Action::RemovePodDir { uid }
+            | Action::Adopt { uid, .. }
+            | Action::GiveUpAdoption { uid }
             | Action::Blocked { uid, .. } => uid,
         }
     }
@@ -195,7 +218,13 @@ impl Action {
     /// Whether the action is carried out by a task (runtime or apiserver calls, disk), rather
     /// than by updating the runtime's memory.
     pub fn is_io(&self) -> bool {
-        !matches!(self, Action::WaitRestart { .. } | Action::Blocked { .. })
+        !matches!(
+            self,
+            Action::WaitRestart { .. }
+                | Action::Blocked { .. }
+                | Action::Adopt { .. }
+                | Action::GiveUpAdoption { .. }
+        )
     }
 }
 
@@ -232,8 +261,27 @@ pub fn decide(inp: &Inputs<'_>) -> Vec<Action> {
             Some(Ok(plan)) => decide_pod(inp, pod, plan, &mut out),
         }
     }
+    for a in inp.awaiting.iter().filter(|a| a.expired) {
+        out.push(Action::GiveUpAdoption {
+            uid: a.label_uid.clone(),
+        });
+    }
     gone(inp, &mut out);
     out
+}
+
+/// The sandbox a new pod should adopt instead of starting its own: one awaiting its
+/// replacement, of the same DaemonSet, at the revision the new pod has.
+fn adoptable<'a>(inp: &Inputs<'a>, pod: &DesiredPod) -> Option<&'a Awaiting> {
+    let ix = &pod.obj.index;
+    inp.awaiting.iter().find(|a| {
+        !a.expired
+            && a.namespace == ix.namespace
+            && Some(&a.owner_uid) == ix.owner_uid.as_ref()
+            && Some(&a.hash) == ix.revision_hash.as_ref()
+            && a.label_uid != ix.uid
+            && inp.snapshot.pod(&a.label_uid).ready_sandbox().is_some()
+    })
 }
 
 fn blocked(pod: &DesiredPod, e: &PlanError) -> Action {
@@ -267,6 +315,13 @@ fn decide_pod(inp: &Inputs<'_>, pod: &DesiredPod, plan: &PodPlan, out: &mut Vec<
     let obs = inp.snapshot.pod(uid);
     let refused = waiting(inp.memory.refused.get(uid), inp.now);
     let Some(sb) = obs.ready_sandbox() else {
+        if let Some(a) = adoptable(inp, pod) {
+            out.push(Action::Adopt {
+                label_uid: a.label_uid.clone(),
+                uid: uid.to_string(),
+            });
+            return;
+        }
         if refused {
             return;
         }
@@ -482,12 +537,15 @@ fn gone(inp: &Inputs<'_>, out: &mut Vec<Action>) {
     if inp.sources_ready {
         let mut dirs: Vec<&String> = snap.pod_dirs.iter().collect();
         dirs.sort_unstable();
-        for uid in dirs {
-            let uid = uid.as_str();
-            if !cached.contains_key(uid) && !with_sandbox.contains(uid) && !inp.held.contains(uid) {
-                out.push(Action::RemovePodDir {
-                    uid: uid.to_string(),
-                });
+        for dir in dirs {
+            // An adopted pod keeps the directory of the pod it replaced.
+            let owner = snap.dir_owner(dir);
+            if !cached.contains_key(owner)
+                && !with_sandbox.contains(owner)
+                && !inp.held.contains(owner)
+                && !inp.held.contains(dir.as_str())
+            {
+                out.push(Action::RemovePodDir { uid: dir.clone() });
             }
         }
     }

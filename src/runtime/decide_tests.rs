@@ -89,6 +89,7 @@ struct World {
     held: HashSet<String>,
     ready: bool,
     now: Instant,
+    awaiting: Vec<Awaiting>,
 }
 
 impl World {
@@ -103,6 +104,7 @@ impl World {
             held: HashSet::new(),
             ready: true,
             now: Instant::now(),
+            awaiting: Vec::new(),
         }
     }
 
@@ -129,6 +131,7 @@ impl World {
             sources_ready: self.ready,
             policy: BackoffPolicy::CRASH_LOOP,
             now: self.now,
+            awaiting: &self.awaiting,
         })
     }
 }

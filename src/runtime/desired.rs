@@ -36,6 +36,8 @@ pub struct Place<'a> {
 
 /// The context to translate `pod` (parsed from `obj`) with: its directories, the sources it
 /// references from the cache, its sandbox attempt and address.
+/// `dir_uid` is the uid the pod's directory is named by: its own, or, for a pod that adopted
+/// the sandbox of the pod it replaced, that pod's (the running containers mount it).
 pub fn context(
     store: &Store,
     place: Place<'_>,
@@ -43,8 +45,9 @@ pub fn context(
     pod: &Value,
     attempt: u32,
     pod_ip: Option<String>,
+    dir_uid: Option<&str>,
 ) -> Result<PodContext, StoreError> {
-    let dir = pod_dir(place.data_dir, &obj.index.uid);
+    let dir = pod_dir(place.data_dir, dir_uid.unwrap_or(&obj.index.uid));
     Ok(PodContext {
         node_name: place.node_name.to_string(),
         host_ip: place.host_ip.map(str::to_string),
@@ -90,6 +93,12 @@ pub fn read(
         .running_revisions()?
         .into_iter()
         .map(|r| (r.pod_uid.clone(), r))
+        .collect();
+    // Pod uid -> the uid its directory has, for pods that adopted another's sandbox.
+    let dirs: HashMap<&str, &str> = snapshot
+        .aliases
+        .iter()
+        .map(|(label, pod)| (pod.as_str(), label.as_str()))
         .collect();
     let place = Place {
         data_dir,
@@ -146,6 +155,7 @@ pub fn read(
             &parsed,
             obs.next_sandbox_attempt(),
             pod_ip,
+            dirs.get(uid.as_str()).copied(),
         )?;
         let plan = podspec::translate(&parsed, &ctx);
         out.push(DesiredPod {

@@ -21,7 +21,6 @@ pub mod decide;
 pub mod desired;
 pub mod observe;
 pub mod probes;
-pub mod report;
 pub mod status;
 
 pub use crate::backoff::BackoffPolicy;
@@ -136,6 +135,9 @@ pub struct Reconciler<R: CriRuntime> {
     /// How often the runtime is relisted to notice exits, as the kubelet's PLEG does; a pass
     /// follows only when something changed.
     pub relist: Duration,
+    /// How long a sandbox whose pod object edgehub deleted waits for the replacement pod to
+    /// adopt it (delete-and-adopt) before it is stopped.
+    pub adopt_timeout: Duration,
     pub locks: PodLocks,
     observer: Observer,
     restarts: HashMap<(String, String), Restarts>,
@@ -174,6 +176,7 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
             backoff: BackoffPolicy::default(),
             parallel: 4,
             relist: Duration::from_secs(1),
+            adopt_timeout: Duration::from_secs(600),
             locks: PodLocks::default(),
             observer: Observer::default(),
             restarts: HashMap::new(),
@@ -308,10 +311,11 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
             self.finished(done, pass);
         }
         let now = Instant::now();
-        let snapshot = self
+        let mut snapshot = self
             .observer
             .observe(&*self.cri, &self.node_name, &self.data_dir.join("pods"))
             .await?;
+        snapshot.apply_aliases(self.store.pod_aliases()?);
         let seen = snapshot.fingerprint();
         if !forced && seen == self.last_seen {
             return Ok(());
@@ -329,7 +333,14 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
             self.host_ip.as_deref(),
         )?;
         probes::track(&mut self.probes, &desired, &snapshot, now);
-        let held = self.locks.held();
+        let awaiting = self.awaiting()?;
+        let mut held = self.locks.held();
+        held.extend(
+            awaiting
+                .iter()
+                .filter(|a| !a.expired)
+                .map(|a| a.label_uid.clone()),
+        );
         let actions = decide::decide(&Inputs {
             desired: &desired,
             snapshot: &snapshot,
@@ -343,6 +354,7 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
             sources_ready,
             policy: self.backoff,
             now,
+            awaiting: &awaiting,
         });
         self.note_unsynced(&desired, &snapshot, sources_ready, &held, pass);
 
@@ -377,6 +389,16 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
                             }
                         }
                     }
+                }
+                Action::Adopt { label_uid, uid } => {
+                    tracing::info!(pod_uid = %uid, adopts = %label_uid,
+                        "the replacement pod adopts the running sandbox; nothing restarts");
+                    self.store.adopt(&label_uid, &uid)?;
+                }
+                Action::GiveUpAdoption { uid } => {
+                    tracing::warn!(pod_uid = %uid,
+                        "no replacement pod arrived to adopt the sandbox in time; stopping it");
+                    self.store.forget_running_revision(&uid)?;
                 }
                 a => io.entry(a.uid().to_string()).or_default().push(a),
             }
@@ -434,6 +456,27 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
             }
         }
         Ok(())
+    }
+
+    /// Sandboxes awaiting their replacement pod, from the runtime map.
+    fn awaiting(&self) -> Result<Vec<decide::Awaiting>, RuntimeError> {
+        let now = crate::time::now_ms();
+        let limit = self.adopt_timeout.as_millis() as i64;
+        Ok(self
+            .store
+            .running_revisions()?
+            .into_iter()
+            .filter_map(|r| {
+                let since = r.awaiting_since_ms?;
+                Some(decide::Awaiting {
+                    label_uid: r.pod_uid,
+                    namespace: r.namespace.unwrap_or_default(),
+                    owner_uid: r.owner_uid.unwrap_or_default(),
+                    hash: r.hash,
+                    expired: now - since >= limit,
+                })
+            })
+            .collect())
     }
 
     fn refused_waiting(&self, uid: &str, now: Instant) -> bool {
@@ -495,6 +538,10 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
                         passing = v, error = %error, "probe verdict changed");
                 }
             }
+        }
+        if o.pods_removed > 0 {
+            // Its objects are gone: an adoption that bound them to this pod ends too.
+            self.store.forget_aliases_of(&o.uid)?;
         }
         if o.pods_removed > 0 || o.pods_finalized > 0 {
             self.restarts.retain(|(u, _), _| *u != o.uid);
@@ -623,6 +670,7 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
         let name = ev["metadata"]["name"].as_str().unwrap_or_default();
         self.store.queue_event(
             &QueuedEvent {
+                pod_uid: pod.index.uid.clone(),
                 key: format!("{}/{name}", pod.index.namespace),
                 namespace: pod.index.namespace.clone(),
                 body: ev.to_string(),

@@ -35,6 +35,8 @@ pub struct Snapshot {
     pub pod_dirs: HashSet<String>,
     /// `containerd`, `cri-o`: the prefix of a status's `containerID`.
     pub runtime_name: String,
+    /// Label uid -> the pod its objects belong to (a replacement pod that adopted them).
+    pub aliases: HashMap<String, String>,
 }
 
 /// What a snapshot holds for one pod.
@@ -56,6 +58,31 @@ pub fn attempt_of(c: &api::Container) -> u32 {
 impl Snapshot {
     pub fn pod<'a>(&'a self, uid: &'a str) -> PodObserved<'a> {
         PodObserved { snap: self, uid }
+    }
+
+    /// Binds the objects labelled with an adopted pod's uid to the pod that adopted them, so
+    /// everything downstream sees one pod uid.
+    pub fn apply_aliases(&mut self, aliases: HashMap<String, String>) {
+        if !aliases.is_empty() {
+            let relabel = |l: &mut HashMap<String, String>| {
+                if let Some(to) = l.get(labels::POD_UID).and_then(|u| aliases.get(u)) {
+                    let to = to.clone();
+                    l.insert(labels::POD_UID.to_string(), to);
+                }
+            };
+            for s in &mut self.sandboxes {
+                relabel(&mut s.labels);
+            }
+            for c in &mut self.containers {
+                relabel(&mut c.labels);
+            }
+        }
+        self.aliases = aliases;
+    }
+
+    /// The pod a directory under `<data_dir>/pods` belongs to.
+    pub fn dir_owner<'a>(&'a self, dir: &'a str) -> &'a str {
+        self.aliases.get(dir).map(String::as_str).unwrap_or(dir)
     }
 
     /// A digest of the objects and their states: equal digests, nothing to react to.
@@ -246,6 +273,7 @@ impl Observer {
             sandbox_ips,
             pod_dirs: pod_dirs(pods_dir),
             runtime_name: self.runtime_name.clone().unwrap_or_default(),
+            aliases: HashMap::new(),
         })
     }
 

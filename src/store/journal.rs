@@ -4,7 +4,7 @@
 //! on the device.
 
 use super::requests::{row, RequestRecord, COLUMNS};
-use super::{reports, QueuedEvent, StoreError};
+use super::{outbox, QueuedEvent, StoreError};
 use rusqlite::{params, Connection, OptionalExtension};
 
 /// What a transition writes besides the row, in the same transaction.
@@ -22,9 +22,14 @@ pub struct Effects {
 pub struct RunningRevision {
     pub pod_uid: String,
     pub hash: String,
-    /// JSON object: container name -> image.
+    /// How the pod runs: `upgrade::plan::RunningAs` as JSON (the images or the spec).
     pub images: String,
     pub committed_ms: i64,
+    pub namespace: Option<String>,
+    /// The pod's DaemonSet, whose replacement pod adopts the running sandbox.
+    pub owner_uid: Option<String>,
+    /// Since when the pod object has been deleted, awaiting its replacement (unix ms).
+    pub awaiting_since_ms: Option<i64>,
 }
 
 /// One line of an upgrade's log.
@@ -75,15 +80,24 @@ pub fn transition(
     )?
     .execute(params![id, seq, to, now_ms, error])?;
     for e in &effects.events {
-        reports::queue_event(&tx, e, now_ms)?;
+        outbox::queue_event(&tx, e, now_ms)?;
     }
     if let Some(r) = &effects.running {
         tx.prepare_cached(
-            "INSERT INTO running_revisions (pod_uid, hash, images, committed_ms) VALUES (?1, ?2, ?3, ?4)
+            "INSERT INTO running_revisions (pod_uid, hash, images, committed_ms, namespace, owner_uid)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)
              ON CONFLICT (pod_uid) DO UPDATE SET hash = excluded.hash, images = excluded.images,
-                 committed_ms = excluded.committed_ms",
+                 committed_ms = excluded.committed_ms, namespace = excluded.namespace,
+                 owner_uid = excluded.owner_uid, awaiting_since_ms = NULL",
         )?
-        .execute(params![r.pod_uid, r.hash, r.images, r.committed_ms])?;
+        .execute(params![
+            r.pod_uid,
+            r.hash,
+            r.images,
+            r.committed_ms,
+            r.namespace,
+            r.owner_uid
+        ])?;
     }
     tx.commit()?;
     Ok(true)
@@ -128,7 +142,7 @@ pub fn running_revision(
 ) -> Result<Option<RunningRevision>, StoreError> {
     Ok(conn
         .prepare_cached(
-            "SELECT pod_uid, hash, images, committed_ms FROM running_revisions WHERE pod_uid = ?1",
+            "SELECT pod_uid, hash, images, committed_ms, namespace, owner_uid, awaiting_since_ms FROM running_revisions WHERE pod_uid = ?1",
         )?
         .query_row(params![pod_uid], |r| {
             Ok(RunningRevision {
@@ -136,6 +150,9 @@ pub fn running_revision(
                 hash: r.get(1)?,
                 images: r.get(2)?,
                 committed_ms: r.get(3)?,
+                namespace: r.get(4)?,
+                owner_uid: r.get(5)?,
+                awaiting_since_ms: r.get(6)?,
             })
         })
         .optional()?)
@@ -143,7 +160,7 @@ pub fn running_revision(
 
 pub fn running_revisions(conn: &Connection) -> Result<Vec<RunningRevision>, StoreError> {
     let mut stmt = conn.prepare_cached(
-        "SELECT pod_uid, hash, images, committed_ms FROM running_revisions ORDER BY pod_uid",
+        "SELECT pod_uid, hash, images, committed_ms, namespace, owner_uid, awaiting_since_ms FROM running_revisions ORDER BY pod_uid",
     )?;
     let rows = stmt.query_map([], |r| {
         Ok(RunningRevision {
@@ -151,6 +168,9 @@ pub fn running_revisions(conn: &Connection) -> Result<Vec<RunningRevision>, Stor
             hash: r.get(1)?,
             images: r.get(2)?,
             committed_ms: r.get(3)?,
+            namespace: r.get(4)?,
+            owner_uid: r.get(5)?,
+            awaiting_since_ms: r.get(6)?,
         })
     })?;
     Ok(rows.collect::<Result<_, _>>()?)
@@ -181,4 +201,51 @@ pub fn pull_requested(conn: &Connection, pod_uid: &str, to_hash: &str) -> Result
         .query_row(params![pod_uid, to_hash], |_| Ok(()))
         .optional()?
         .is_some())
+}
+
+/// The pod object of a running revision was deleted for its replacement to adopt the sandbox.
+pub fn mark_awaiting(conn: &Connection, pod_uid: &str, now_ms: i64) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "UPDATE running_revisions SET awaiting_since_ms = ?2 WHERE pod_uid = ?1 AND awaiting_since_ms IS NULL",
+    )?
+    .execute(params![pod_uid, now_ms])?;
+    Ok(())
+}
+
+/// Binds pod `pod_uid` to the sandbox and containers labelled `label_uid`, and closes the
+/// running revision of `label_uid` (the replacement runs that revision natively). One
+/// transaction.
+pub fn adopt(
+    conn: &mut Connection,
+    label_uid: &str,
+    pod_uid: &str,
+    now_ms: i64,
+) -> Result<(), StoreError> {
+    let tx = conn.transaction()?;
+    tx.prepare_cached(
+        "INSERT INTO pod_aliases (label_uid, pod_uid, since_ms) VALUES (?1, ?2, ?3)
+         ON CONFLICT (label_uid) DO UPDATE SET pod_uid = excluded.pod_uid, since_ms = excluded.since_ms",
+    )?
+    .execute(params![label_uid, pod_uid, now_ms])?;
+    // Objects adopted before by the pod now replaced follow it too.
+    tx.prepare_cached("UPDATE pod_aliases SET pod_uid = ?2 WHERE pod_uid = ?1")?
+        .execute(params![label_uid, pod_uid])?;
+    tx.prepare_cached("DELETE FROM running_revisions WHERE pod_uid = ?1")?
+        .execute(params![label_uid])?;
+    tx.commit()?;
+    Ok(())
+}
+
+/// Label uid -> the pod uid its CRI objects belong to.
+pub fn aliases(conn: &Connection) -> Result<Vec<(String, String)>, StoreError> {
+    let mut stmt = conn.prepare_cached("SELECT label_uid, pod_uid FROM pod_aliases")?;
+    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// Forgets the aliases that bind CRI objects to pod `pod_uid` (its sandbox is gone).
+pub fn forget_aliases_of(conn: &Connection, pod_uid: &str) -> Result<(), StoreError> {
+    conn.prepare_cached("DELETE FROM pod_aliases WHERE pod_uid = ?1")?
+        .execute(params![pod_uid])?;
+    Ok(())
 }

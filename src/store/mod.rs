@@ -11,14 +11,14 @@
 
 mod journal;
 mod objects;
-mod reports;
+mod outbox;
 mod requests;
 mod schema;
 mod sources;
 
 pub use journal::{Effects, LogLine, RunningRevision};
 pub use objects::{ApplyStats, Change, StoredObject};
-pub use reports::{QueuedEvent, QueuedStatus};
+pub use outbox::{OutboxRow, QueuedEvent, QueuedStatus, RowKind};
 pub use requests::{NewRequest, Recorded, RequestKind, RequestRecord, TERMINAL_STATES};
 pub use schema::{APPLICATION_ID, LATEST as SCHEMA_VERSION};
 pub use sources::{CachedSource, CachedToken};
@@ -387,6 +387,29 @@ impl Store {
         journal::pull_requested(&self.conn(), pod_uid, to_hash)
     }
 
+    /// The pod object of a running revision was deleted so that its replacement adopts it.
+    pub fn mark_awaiting_adoption(&self, pod_uid: &str) -> Result<(), StoreError> {
+        journal::mark_awaiting(&self.conn(), pod_uid, crate::time::now_ms())?;
+        self.notify();
+        Ok(())
+    }
+
+    /// Binds `pod_uid` to the CRI objects labelled `label_uid` (delete-and-adopt).
+    pub fn adopt(&self, label_uid: &str, pod_uid: &str) -> Result<(), StoreError> {
+        journal::adopt(&mut self.conn(), label_uid, pod_uid, crate::time::now_ms())?;
+        self.notify();
+        Ok(())
+    }
+
+    /// Label uid -> the pod its CRI objects belong to, for adopted sandboxes.
+    pub fn pod_aliases(&self) -> Result<HashMap<String, String>, StoreError> {
+        Ok(journal::aliases(&self.conn())?.into_iter().collect())
+    }
+
+    pub fn forget_aliases_of(&self, pod_uid: &str) -> Result<(), StoreError> {
+        journal::forget_aliases_of(&self.conn(), pod_uid)
+    }
+
     pub fn forget_running_revision(&self, pod_uid: &str) -> Result<(), StoreError> {
         journal::forget_running_revision(&self.conn(), pod_uid)?;
         self.notify();
@@ -397,7 +420,7 @@ impl Store {
     /// anything was written: an unchanged status costs no write.
     /// Queues the status edgehub wants a pod to have; returns whether it was written.
     pub fn queue_status(&self, q: &QueuedStatus) -> Result<bool, StoreError> {
-        let wrote = reports::queue_status(&self.conn(), q, crate::time::now_ms())?;
+        let wrote = outbox::queue_status(&self.conn(), q, crate::time::now_ms())?;
         if wrote {
             self.report_queued();
         }
@@ -405,12 +428,12 @@ impl Store {
     }
 
     pub fn queued_statuses(&self) -> Result<Vec<QueuedStatus>, StoreError> {
-        reports::queued_statuses(&self.conn())
+        outbox::queued_statuses(&self.conn())
     }
 
     /// Takes a pod's status off the queue: `Some(status)` only if it is still that one.
     pub fn unqueue_status(&self, pod_uid: &str, status: Option<&str>) -> Result<(), StoreError> {
-        reports::unqueue_status(&self.conn(), pod_uid, status)
+        outbox::unqueue_status(&self.conn(), pod_uid, status)
     }
 
     pub fn put_source(&self, s: &CachedSource) -> Result<bool, StoreError> {
@@ -461,18 +484,45 @@ impl Store {
 
     /// Queues a Warning Event; the same key again counts one more occurrence.
     pub fn queue_event(&self, e: &QueuedEvent, now_ms: i64) -> Result<(), StoreError> {
-        reports::queue_event(&self.conn(), e, now_ms)?;
+        outbox::queue_event(&self.conn(), e, now_ms)?;
         self.report_queued();
         Ok(())
     }
 
     pub fn queued_events(&self) -> Result<Vec<QueuedEvent>, StoreError> {
-        reports::queued_events(&self.conn())
+        outbox::queued_events(&self.conn())
     }
 
-    /// Takes `delivered` occurrences of an Event off the queue.
-    pub fn event_sent(&self, key: &str, delivered: i64) -> Result<(), StoreError> {
-        reports::event_sent(&self.conn(), key, delivered)
+    /// The rows to send, in order (parked ones left out).
+    pub fn outbox(&self) -> Result<Vec<OutboxRow>, StoreError> {
+        outbox::rows(&self.conn())
+    }
+
+    /// The parked rows: refused for good, kept with their error.
+    pub fn outbox_parked(&self) -> Result<Vec<OutboxRow>, StoreError> {
+        outbox::parked(&self.conn())
+    }
+
+    /// Rows queued and parked.
+    pub fn outbox_counts(&self) -> Result<(u64, u64), StoreError> {
+        outbox::counts(&self.conn())
+    }
+
+    /// A row was delivered as `sent` was (what changed meanwhile stays queued).
+    pub fn outbox_delivered(&self, sent: &OutboxRow) -> Result<(), StoreError> {
+        outbox::delivered(&self.conn(), sent)
+    }
+
+    pub fn outbox_drop(&self, id: i64) -> Result<(), StoreError> {
+        outbox::drop_row(&self.conn(), id)
+    }
+
+    pub fn outbox_retry(&self, id: i64, next_ms: i64, error: &str) -> Result<(), StoreError> {
+        outbox::retry(&self.conn(), id, next_ms, error)
+    }
+
+    pub fn outbox_park(&self, id: i64, error: &str) -> Result<(), StoreError> {
+        outbox::park(&self.conn(), id, error)
     }
 
     pub fn count(&self, kind: crate::object::Kind) -> Result<u64, StoreError> {

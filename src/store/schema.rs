@@ -115,6 +115,47 @@ const MIGRATIONS: &[&str] = &[
         images        TEXT NOT NULL,
         committed_ms  INTEGER NOT NULL
     ) WITHOUT ROWID;",
+    // 6 -> 7: the revision report by delete-and-adopt. A running revision remembers the pod's
+    // namespace and DaemonSet, and since when its pod object was deleted so the DaemonSet
+    // controller replaces it; pod_aliases binds a replacement pod to the sandbox and
+    // containers labelled with the pod it replaced.
+    "ALTER TABLE running_revisions ADD COLUMN namespace TEXT;
+    ALTER TABLE running_revisions ADD COLUMN owner_uid TEXT;
+    ALTER TABLE running_revisions ADD COLUMN awaiting_since_ms INTEGER;
+    CREATE TABLE pod_aliases (
+        label_uid  TEXT PRIMARY KEY NOT NULL,
+        pod_uid    TEXT NOT NULL,
+        since_ms   INTEGER NOT NULL
+    ) WITHOUT ROWID;",
+    // 7 -> 8: one outbox for everything owed to the apiserver, in order per pod, with each
+    // row's attempts, next attempt, last error and whether it is parked. The status and Event
+    // queues move into it.
+    "CREATE TABLE outbox (
+        id               INTEGER PRIMARY KEY AUTOINCREMENT,
+        kind             TEXT NOT NULL,
+        pod_uid          TEXT NOT NULL,
+        namespace        TEXT NOT NULL,
+        name             TEXT NOT NULL,
+        dedupe           TEXT NOT NULL UNIQUE,
+        body             TEXT NOT NULL,
+        occurrences      INTEGER NOT NULL DEFAULT 1,
+        attempts         INTEGER NOT NULL DEFAULT 0,
+        next_attempt_ms  INTEGER NOT NULL DEFAULT 0,
+        last_error       TEXT,
+        parked           INTEGER NOT NULL DEFAULT 0,
+        queued_ms        INTEGER NOT NULL
+    );
+    CREATE INDEX outbox_by_pod ON outbox (pod_uid, id);
+    INSERT INTO outbox (kind, pod_uid, namespace, name, dedupe, body, queued_ms)
+        SELECT 'status', pod_uid, namespace, name, 'status/' || pod_uid, status, queued_ms
+        FROM status_queue ORDER BY queued_ms;
+    INSERT INTO outbox (kind, pod_uid, namespace, name, dedupe, body, occurrences, queued_ms)
+        SELECT 'event', COALESCE(json_extract(body, '$.involvedObject.uid'), ''), namespace,
+            COALESCE(json_extract(body, '$.metadata.name'), ''), 'event/' || key, body,
+            occurrences, queued_ms
+        FROM event_queue ORDER BY queued_ms;
+    DROP TABLE status_queue;
+    DROP TABLE event_queue;",
 ];
 
 /// The schema version this binary writes.

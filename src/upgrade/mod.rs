@@ -194,6 +194,10 @@ impl<R: CriRuntime + 'static> Engine<R> {
     /// cloud heard) or is gone.
     fn tidy(&self) -> Result<(), StoreError> {
         for r in self.store.running_revisions()? {
+            if r.awaiting_since_ms.is_some() {
+                // Deleted for its replacement to adopt it: the runtime closes it.
+                continue;
+            }
             let done = match self.store.get_by_uid(Kind::Pod, &r.pod_uid)? {
                 None => true,
                 Some(p) => p.index.revision_hash.as_deref() == Some(r.hash.as_str()),
@@ -257,7 +261,13 @@ impl<R: CriRuntime + 'static> Engine<R> {
                 return Ok(true);
             }
         };
-        let now = steps::pod_now(&*self.cri, &rec.pod_uid, &self.node_name).await?;
+        let now = steps::pod_now(
+            &*self.cri,
+            &rec.pod_uid,
+            &self.node_name,
+            &self.store.pod_aliases()?,
+        )
+        .await?;
         if ctx.plan.mode == Mode::Recreate && !ctx.target.host_network {
             // The new sandbox's address, for `status.podIP` in the new containers' env.
             if let Some(ip) = steps::new_pod_ip(&*self.cri, &now, &id.to_string()).await? {
@@ -323,7 +333,13 @@ impl<R: CriRuntime + 'static> Engine<R> {
                     steps::ignore_missing(cri.remove_container(&old).await)?;
                 }
                 if let Some(c) = find(&ctx.old, &name) {
-                    let fresh = steps::pod_now(cri, &rec.pod_uid, &self.node_name).await?;
+                    let fresh = steps::pod_now(
+                        cri,
+                        &rec.pod_uid,
+                        &self.node_name,
+                        &self.store.pod_aliases()?,
+                    )
+                    .await?;
                     steps::restore(cri, &fresh, &ctx.old, c).await?;
                 }
             }
@@ -424,6 +440,7 @@ impl<R: CriRuntime + 'static> Engine<R> {
                 .unwrap_or_default()
                 .to_string();
             Some(QueuedEvent {
+                pod_uid: pod.index.uid.clone(),
                 key: format!("{}/{name}", pod.index.namespace),
                 namespace: pod.index.namespace.clone(),
                 body: ev.to_string(),
@@ -463,6 +480,9 @@ impl<R: CriRuntime + 'static> Engine<R> {
                         hash: rec.to_hash.clone(),
                         images: serde_json::to_string(&how).unwrap_or_default(),
                         committed_ms: now_ms(),
+                        namespace: Some(c.pod.index.namespace.clone()),
+                        owner_uid: c.pod.index.owner_uid.clone(),
+                        awaiting_since_ms: None,
                     });
                 }
                 effects.events.extend(event(
@@ -537,13 +557,20 @@ impl<R: CriRuntime + 'static> Engine<R> {
                 plan::apply_images(&mut target, &plan::images(&plan), &rec.to_hash)
             }
         }
+        // A pod that adopted another's sandbox keeps that pod's directory.
+        let dir_uid = self
+            .store
+            .pod_aliases()?
+            .into_iter()
+            .find(|(_, pod)| *pod == rec.pod_uid)
+            .map(|(label, _)| label);
         let place = Place {
             data_dir: &self.data_dir,
             node_name: &self.node_name,
             host_ip: self.host_ip.as_deref(),
         };
         let translate = |v: &Value| -> Result<Result<PodPlan, String>, UpgradeError> {
-            let ctx = desired::context(&self.store, place, &pod, v, 0, None)?;
+            let ctx = desired::context(&self.store, place, &pod, v, 0, None, dir_uid.as_deref())?;
             match podspec::translate(v, &ctx) {
                 Ok(p) => Ok(Ok(p)),
                 // On its way (not fetched yet): the upgrade waits for it, within its deadline.
@@ -561,7 +588,15 @@ impl<R: CriRuntime + 'static> Engine<R> {
             Ok(p) => p,
             Err(e) => return Ok(Err(e)),
         };
-        let target_ctx = desired::context(&self.store, place, &pod, &target, 0, None)?;
+        let target_ctx = desired::context(
+            &self.store,
+            place,
+            &pod,
+            &target,
+            0,
+            None,
+            dir_uid.as_deref(),
+        )?;
         Ok(Ok(Context {
             pod,
             plan,

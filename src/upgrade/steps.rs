@@ -123,14 +123,32 @@ impl PodNow {
     }
 }
 
-/// Reads the pod's sandboxes and containers.
-pub async fn pod_now<R: CriRuntime>(cri: &R, uid: &str, node: &str) -> Result<PodNow, CriError> {
-    let sel = HashMap::from([
-        (labels::POD_UID.to_string(), uid.to_string()),
-        (labels::NODE.to_string(), node.to_string()),
-    ]);
-    let sandboxes = cri.list_pod_sandbox(sel.clone()).await?;
-    let all = cri.list_containers(sel).await?;
+/// Reads the pod's sandboxes and containers: those labelled with its uid, and those of a pod
+/// it adopted (`aliases`: label uid -> pod uid).
+pub async fn pod_now<R: CriRuntime>(
+    cri: &R,
+    uid: &str,
+    node: &str,
+    aliases: &HashMap<String, String>,
+) -> Result<PodNow, CriError> {
+    let sel = HashMap::from([(labels::NODE.to_string(), node.to_string())]);
+    let owner = |l: &HashMap<String, String>| {
+        l.get(labels::POD_UID)
+            .map(|u| aliases.get(u).unwrap_or(u).as_str() == uid)
+            .unwrap_or(false)
+    };
+    let sandboxes: Vec<api::PodSandbox> = cri
+        .list_pod_sandbox(sel.clone())
+        .await?
+        .into_iter()
+        .filter(|s| owner(&s.labels))
+        .collect();
+    let all: Vec<api::Container> = cri
+        .list_containers(sel)
+        .await?
+        .into_iter()
+        .filter(|c| owner(&c.labels))
+        .collect();
     let sandbox = sandboxes
         .iter()
         .filter(|s| ready(s))

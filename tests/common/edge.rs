@@ -286,7 +286,9 @@ impl Node {
         ) else {
             return Vec::new();
         };
-        let mut stmt = conn.prepare("SELECT body FROM event_queue").unwrap();
+        let mut stmt = conn
+            .prepare("SELECT body FROM outbox WHERE kind = 'event'")
+            .unwrap();
         stmt.query_map([], |r| r.get::<_, String>(0))
             .unwrap()
             .filter_map(Result::ok)

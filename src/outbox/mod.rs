@@ -1,0 +1,491 @@
+//! The outbox's sender: delivers what the runtime and the upgrade engine queued for the
+//! apiserver (`store::outbox`), in one task of its own, independent of the container runtime,
+//! so a dead or blackholed link never holds up a pod.
+//!
+//! - Rows go in order per pod; a row waiting for its retry holds back the later rows of its
+//!   pod only. What a failure means is [`classify::classify`]'s: retry later (with backoff and
+//!   jitter, or the server's `Retry-After`), drop (the target is gone), or park (refused for
+//!   good: kept with its error, shown in `edgehub status` and `/metrics`, out of the way).
+//! - A status is sent as the two-way patch from the status the apiserver holds (the cached
+//!   pod) to the queued one merged onto it; the answer goes back into the cache.
+//! - An Event is created; if it exists (409), its count and lastTimestamp are patched, the
+//!   kubelet's event series.
+//! - The revision a pod runs after an offline upgrade is reported by delete-and-adopt: once
+//!   its DaemonSet's update revision is still that revision, the pod object is deleted (uid
+//!   precondition, grace 0); the DaemonSet controller creates its replacement at that
+//!   revision, and the runtime binds the replacement to the running sandbox. A node identity
+//!   may delete its pods but not patch their spec or labels. With `report.mode = "patch"`
+//!   (identities that may), the images and the hash label are patched instead.
+//! - When the link comes back, the sender waits a random part of `reconnect_jitter` before it
+//!   drains, and sends at most `max_rate` requests a second: ten thousand devices regaining
+//!   the link together do not arrive together.
+
+pub mod classify;
+pub mod cloud;
+
+use crate::backoff::BackoffPolicy;
+use crate::kube::KubeError;
+use crate::object::Kind;
+use crate::runtime::status::{merge_onto, two_way_patch};
+use crate::store::{OutboxRow, RowKind, RunningRevision, Store, StoreError, StoredObject};
+use crate::sync::LinkState;
+use classify::{classify, Verdict};
+use cloud::Cloud;
+use serde_json::{json, Value};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// How the revision an upgrade committed offline reaches the cloud.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RevisionReport {
+    /// Delete the pod object; its replacement adopts the running sandbox (a node identity).
+    #[default]
+    DeleteAndAdopt,
+    /// Patch the pod's images and hash label (identities allowed to patch pods).
+    Patch,
+}
+
+/// What one drain did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Drained {
+    pub statuses_sent: usize,
+    pub events_sent: usize,
+    /// Revisions reported (pods deleted for adoption, or patched).
+    pub revisions_reported: usize,
+    /// Dropped: the target is gone.
+    pub dropped: usize,
+    /// Parked: refused for good.
+    pub parked: usize,
+    /// Requests sent to the apiserver.
+    pub requests: usize,
+    /// The link is down; the rest waits.
+    pub offline: bool,
+}
+
+/// The sender.
+pub struct Sender<C: Cloud> {
+    cloud: C,
+    store: Arc<Store>,
+    pub revision_report: RevisionReport,
+    /// The longest random wait before draining after the link comes back.
+    pub reconnect_jitter: Duration,
+    /// Requests a second, at most.
+    pub max_rate: u32,
+    /// Retries of a row: its attempts count up the ceiling, and each wait is jittered.
+    pub retry: BackoffPolicy,
+    /// Revision reports that failed, by pod uid: when they may be tried again.
+    revision_retry: HashMap<String, (Instant, u32)>,
+    last_request: Option<Instant>,
+}
+
+enum Failure {
+    Verdict(Verdict, String),
+    Store(StoreError),
+}
+
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Self {
+        Failure::Store(e)
+    }
+}
+
+impl From<KubeError> for Failure {
+    fn from(e: KubeError) -> Self {
+        Failure::Verdict(classify(&e), e.to_string())
+    }
+}
+
+fn now_ms() -> i64 {
+    crate::time::now_ms()
+}
+
+impl<C: Cloud> Sender<C> {
+    pub fn new(cloud: C, store: Arc<Store>) -> Sender<C> {
+        Sender {
+            cloud,
+            store,
+            revision_report: RevisionReport::default(),
+            reconnect_jitter: Duration::ZERO,
+            max_rate: 0,
+            retry: BackoffPolicy {
+                initial: Duration::from_secs(1),
+                max: Duration::from_secs(300),
+            },
+            revision_retry: HashMap::new(),
+            last_request: None,
+        }
+    }
+
+    /// Drains on every queued report, when the link comes back (after a random part of
+    /// `reconnect_jitter`), and when a retry is due, until shutdown.
+    pub async fn run(
+        mut self,
+        mut link: Option<watch::Receiver<LinkState>>,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        let mut queued = self.store.subscribe_reports();
+        let mut wait = Duration::ZERO;
+        let mut offline_for = BackoffPolicy {
+            initial: Duration::from_secs(1),
+            max: Duration::from_secs(30),
+        };
+        let mut offline_rounds = 0u32;
+        loop {
+            let was_online = link
+                .as_ref()
+                .is_none_or(|l| matches!(*l.borrow(), LinkState::Online));
+            let link_changed = async {
+                match link.as_mut() {
+                    Some(l) => {
+                        if l.changed().await.is_err() {
+                            std::future::pending::<()>().await
+                        }
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                r = queued.changed() => { if r.is_err() { return; } }
+                _ = link_changed => {}
+                _ = shutdown.changed() => return,
+            }
+            let online = link
+                .as_ref()
+                .is_none_or(|l| matches!(*l.borrow(), LinkState::Online));
+            if online && !was_online && !self.reconnect_jitter.is_zero() {
+                // A fleet that lost the link together must not drain together.
+                let ms = fastrand::u64(0..=self.reconnect_jitter.as_millis() as u64);
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(ms)) => {}
+                    _ = shutdown.changed() => return,
+                }
+            }
+            wait = match self.drain().await {
+                Ok(d) if d.offline => {
+                    offline_rounds += 1;
+                    offline_for.initial = offline_for.initial.max(Duration::from_millis(100));
+                    let c = offline_for.ceiling(offline_rounds);
+                    Duration::from_millis(fastrand::u64(
+                        c.as_millis() as u64 / 2..=c.as_millis() as u64,
+                    ))
+                }
+                Ok(_) => {
+                    offline_rounds = 0;
+                    self.next_due().unwrap_or(Duration::from_secs(3600))
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the outbox");
+                    Duration::from_secs(10)
+                }
+            };
+        }
+    }
+
+    /// How long until a retry is due.
+    fn next_due(&self) -> Option<Duration> {
+        let now = now_ms();
+        let rows = self
+            .store
+            .outbox()
+            .ok()?
+            .into_iter()
+            .map(|r| r.next_attempt_ms)
+            .filter(|t| *t > now)
+            .min()
+            .map(|t| Duration::from_millis((t - now) as u64));
+        let instant = Instant::now();
+        let revisions = self
+            .revision_retry
+            .values()
+            .map(|(t, _)| t.saturating_duration_since(instant))
+            .min();
+        rows.into_iter().chain(revisions).min()
+    }
+
+    /// Waits so that requests go out at most `max_rate` a second.
+    async fn pace(&mut self) {
+        if self.max_rate > 0 {
+            let gap = Duration::from_secs(1) / self.max_rate;
+            if let Some(last) = self.last_request {
+                let since = last.elapsed();
+                if since < gap {
+                    tokio::time::sleep(gap - since).await;
+                }
+            }
+        }
+        self.last_request = Some(Instant::now());
+    }
+
+    /// When a row that failed `attempts` times may be tried again: its backoff ceiling,
+    /// jittered into its upper half, or the server's Retry-After when longer.
+    fn retry_at(&self, attempts: i64, retry_after: Option<Duration>) -> i64 {
+        let c = self
+            .retry
+            .ceiling(attempts.clamp(0, 30) as u32 + 1)
+            .as_millis() as u64;
+        let wait = fastrand::u64(c / 2..=c.max(1));
+        let wait = retry_after.map_or(wait, |ra| wait.max(ra.as_millis() as u64));
+        now_ms() + wait as i64
+    }
+
+    /// Sends what is queued and due, in order per pod; stops at the first sign the link is
+    /// down.
+    pub async fn drain(&mut self) -> Result<Drained, StoreError> {
+        let mut d = Drained::default();
+        let now = now_ms();
+        // A pod with a row waiting for its retry: its later rows wait too.
+        let mut held: HashSet<String> = HashSet::new();
+        for row in self.store.outbox()? {
+            if held.contains(&row.pod_uid) {
+                continue;
+            }
+            if row.next_attempt_ms > now {
+                held.insert(row.pod_uid.clone());
+                continue;
+            }
+            let sent = match row.kind {
+                RowKind::Status => self.send_status(&row, &mut d).await,
+                RowKind::Event => self.send_event(&row, &mut d).await,
+            };
+            match sent {
+                Ok(()) => {
+                    self.store.outbox_delivered(&row)?;
+                    match row.kind {
+                        RowKind::Status => d.statuses_sent += 1,
+                        RowKind::Event => d.events_sent += 1,
+                    }
+                }
+                Err(Failure::Store(e)) => return Err(e),
+                Err(Failure::Verdict(v, why)) => match v {
+                    Verdict::Offline => {
+                        d.offline = true;
+                        return Ok(d);
+                    }
+                    Verdict::Drop => {
+                        tracing::info!(kind = row.kind.as_str(), pod = %row.name, namespace = %row.namespace,
+                            reason = %why, "report dropped: its target is gone");
+                        self.store.outbox_drop(row.id)?;
+                        d.dropped += 1;
+                    }
+                    Verdict::Park => {
+                        tracing::warn!(kind = row.kind.as_str(), pod = %row.name, namespace = %row.namespace,
+                            error = %why, "the apiserver refused a report for good; parked");
+                        self.store.outbox_park(row.id, &why)?;
+                        d.parked += 1;
+                    }
+                    Verdict::Retry(after) => {
+                        if row.attempts == 0 {
+                            tracing::warn!(kind = row.kind.as_str(), pod = %row.name, error = %why,
+                                "report not delivered; retrying with backoff");
+                        }
+                        self.store.outbox_retry(
+                            row.id,
+                            self.retry_at(row.attempts, after),
+                            &why,
+                        )?;
+                        held.insert(row.pod_uid.clone());
+                    }
+                },
+            }
+        }
+        for r in self.store.running_revisions()? {
+            if r.awaiting_since_ms.is_some()
+                || self
+                    .revision_retry
+                    .get(&r.pod_uid)
+                    .is_some_and(|(t, _)| Instant::now() < *t)
+            {
+                continue;
+            }
+            match self.send_revision(&r, &mut d).await {
+                Ok(true) => {
+                    self.revision_retry.remove(&r.pod_uid);
+                    d.revisions_reported += 1;
+                }
+                Ok(false) => {
+                    self.revision_retry.remove(&r.pod_uid);
+                }
+                Err(Failure::Store(e)) => return Err(e),
+                Err(Failure::Verdict(Verdict::Offline, _)) => {
+                    d.offline = true;
+                    return Ok(d);
+                }
+                Err(Failure::Verdict(v, why)) => {
+                    let n = self.revision_retry.get(&r.pod_uid).map_or(0, |(_, n)| *n);
+                    let after = match v {
+                        Verdict::Retry(ra) => ra,
+                        _ => None,
+                    };
+                    let at = self.retry_at(n as i64, after) - now_ms();
+                    tracing::warn!(pod_uid = %r.pod_uid, error = %why, "revision report failed; retrying");
+                    self.revision_retry.insert(
+                        r.pod_uid.clone(),
+                        (
+                            Instant::now() + Duration::from_millis(at.max(0) as u64),
+                            n + 1,
+                        ),
+                    );
+                }
+            }
+        }
+        Ok(d)
+    }
+
+    async fn send_status(&mut self, row: &OutboxRow, d: &mut Drained) -> Result<(), Failure> {
+        let Some(pod) = self.store.get_by_uid(Kind::Pod, &row.pod_uid)? else {
+            return Err(Failure::Verdict(
+                Verdict::Drop,
+                "the pod is no longer cached".into(),
+            ));
+        };
+        let ours: Value = serde_json::from_str(&row.body).map_err(|e| {
+            Failure::Verdict(Verdict::Drop, format!("unreadable queued status: {e}"))
+        })?;
+        let cached: Value = serde_json::from_str(&pod.raw).unwrap_or(Value::Null);
+        let current = cached.get("status").cloned().unwrap_or_else(|| json!({}));
+        let Some(patch) = two_way_patch(&row.pod_uid, &current, &merge_onto(&current, &ours))
+        else {
+            // The apiserver already holds it.
+            return Ok(());
+        };
+        self.pace().await;
+        d.requests += 1;
+        let raw = self
+            .cloud
+            .patch_pod_status(
+                &pod.index.namespace,
+                &pod.index.name,
+                patch.to_string().into_bytes(),
+            )
+            .await?;
+        match StoredObject::from_raw(Kind::Pod, raw) {
+            Ok(obj) => {
+                self.store.put_if_newer(&obj)?;
+            }
+            Err(e) => {
+                tracing::debug!(pod = %row.name, error = %e, "status patch answer not stored")
+            }
+        }
+        tracing::debug!(pod = %row.name, namespace = %row.namespace, "pod status reported");
+        Ok(())
+    }
+
+    async fn send_event(&mut self, row: &OutboxRow, d: &mut Drained) -> Result<(), Failure> {
+        let mut body: Value = serde_json::from_str(&row.body).map_err(|e| {
+            Failure::Verdict(Verdict::Drop, format!("unreadable queued Event: {e}"))
+        })?;
+        body["count"] = row.occurrences.into();
+        self.pace().await;
+        d.requests += 1;
+        match self
+            .cloud
+            .create_event(&row.namespace, body.to_string().into_bytes())
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.code() == Some(409) => self.bump_event(&body, row, d).await,
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The Event exists: add these occurrences to its count, as the kubelet's series does.
+    async fn bump_event(
+        &mut self,
+        body: &Value,
+        row: &OutboxRow,
+        d: &mut Drained,
+    ) -> Result<(), Failure> {
+        let name = body
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        self.pace().await;
+        d.requests += 1;
+        let existing: Value =
+            serde_json::from_str(&self.cloud.get_event(&row.namespace, &name).await?)
+                .unwrap_or(Value::Null);
+        let count = existing["count"].as_i64().unwrap_or(1) + row.occurrences;
+        let patch = json!({
+            "count": count,
+            "lastTimestamp": body["lastTimestamp"],
+            "message": body["message"],
+        });
+        self.pace().await;
+        d.requests += 1;
+        self.cloud
+            .patch_event(&row.namespace, &name, patch.to_string().into_bytes())
+            .await?;
+        Ok(())
+    }
+
+    /// Reports the revision a pod runs after an offline upgrade, when its DaemonSet still
+    /// wants that revision (if it moved on, the pod's status says what runs and
+    /// PodNeedUpgrade stays True). Returns whether a request went out.
+    async fn send_revision(
+        &mut self,
+        r: &RunningRevision,
+        d: &mut Drained,
+    ) -> Result<bool, Failure> {
+        let Some(pod) = self.store.get_by_uid(Kind::Pod, &r.pod_uid)? else {
+            return Ok(false);
+        };
+        if pod.index.revision_hash.as_deref() == Some(r.hash.as_str()) {
+            return Ok(false);
+        }
+        let Some(owner) = pod.index.owner_uid.as_deref() else {
+            return Ok(false);
+        };
+        let wanted = {
+            let mut decider = crate::need_upgrade::Decider::new(&self.store);
+            decider
+                .daemonset(owner)?
+                .and_then(|ds| crate::revision::update_revision(&ds.revisions))
+                .map(|rev| rev.hash.clone())
+        };
+        if wanted.as_deref() != Some(r.hash.as_str()) {
+            return Ok(false);
+        }
+        let (ns, name) = (pod.index.namespace.clone(), pod.index.name.clone());
+        let images = match serde_json::from_str(&r.images) {
+            Ok(crate::upgrade::plan::RunningAs::Images(i)) => Some(i),
+            _ => None,
+        };
+        if let (RevisionReport::Patch, Some(images)) = (self.revision_report, images) {
+            let containers: Vec<Value> = images
+                .iter()
+                .map(|(n, i)| json!({"name": n, "image": i}))
+                .collect();
+            let patch = json!({
+                "metadata": {"uid": r.pod_uid, "labels": {crate::object::REVISION_HASH_LABEL: r.hash}},
+                "spec": {"containers": containers},
+            });
+            self.pace().await;
+            d.requests += 1;
+            self.cloud
+                .patch_pod(&ns, &name, patch.to_string().into_bytes())
+                .await?;
+            tracing::info!(pod = %name, namespace = %ns, revision = %r.hash, "revision reported by patch");
+            return Ok(true);
+        }
+        self.pace().await;
+        d.requests += 1;
+        match self.cloud.delete_pod(&ns, &name, &r.pod_uid).await {
+            // 404: already gone; 409: replaced under another uid. Either way it awaits its
+            // replacement.
+            Ok(_) => {}
+            Err(e) if matches!(e.code(), Some(404) | Some(409)) => {}
+            Err(e) => return Err(e.into()),
+        }
+        tracing::info!(pod = %name, namespace = %ns, revision = %r.hash,
+            "pod object deleted; its replacement will adopt the running sandbox");
+        self.store.mark_awaiting_adoption(&r.pod_uid)?;
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,346 @@
+//! The sender's rules against an in-memory apiserver: order per pod, retry, drop, park, the
+//! event series, and what a restart keeps.
+
+// The fake answers with the client's own error type, as large as it is.
+#![allow(clippy::result_large_err)]
+
+use super::*;
+use crate::kube::{Request, Status};
+use crate::store::{Change, OpenMode, QueuedEvent, QueuedStatus};
+use std::sync::Mutex;
+
+type Answer = Box<dyn Fn(&str) -> Result<String, KubeError> + Send + Sync>;
+
+/// Records each call (`"patch-status ns/name"`, `"create-event ns"`, ...) and answers with
+/// `answer`.
+struct FakeCloud {
+    calls: Mutex<Vec<String>>,
+    answer: Answer,
+}
+
+impl FakeCloud {
+    fn new(answer: impl Fn(&str) -> Result<String, KubeError> + Send + Sync + 'static) -> Self {
+        FakeCloud {
+            calls: Mutex::new(Vec::new()),
+            answer: Box::new(answer),
+        }
+    }
+
+    fn call(&self, what: String) -> Result<String, KubeError> {
+        let r = (self.answer)(&what);
+        self.calls.lock().unwrap().push(what);
+        r
+    }
+
+    fn calls(&self) -> Vec<String> {
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+impl Cloud for Arc<FakeCloud> {
+    async fn patch_pod_status(
+        &self,
+        ns: &str,
+        name: &str,
+        _b: Vec<u8>,
+    ) -> Result<String, KubeError> {
+        self.call(format!("patch-status {ns}/{name}"))
+    }
+    async fn create_event(&self, ns: &str, _b: Vec<u8>) -> Result<String, KubeError> {
+        self.call(format!("create-event {ns}"))
+    }
+    async fn get_event(&self, ns: &str, name: &str) -> Result<String, KubeError> {
+        self.call(format!("get-event {ns}/{name}"))
+    }
+    async fn patch_event(&self, ns: &str, name: &str, _b: Vec<u8>) -> Result<String, KubeError> {
+        self.call(format!("patch-event {ns}/{name}"))
+    }
+    async fn delete_pod(&self, ns: &str, name: &str, _uid: &str) -> Result<String, KubeError> {
+        self.call(format!("delete-pod {ns}/{name}"))
+    }
+    async fn patch_pod(&self, ns: &str, name: &str, _b: Vec<u8>) -> Result<String, KubeError> {
+        self.call(format!("patch-pod {ns}/{name}"))
+    }
+}
+
+fn refused(code: u16, message: &str, retry_after: Option<u64>) -> KubeError {
+    KubeError::Status {
+        request: Request {
+            verb: "patch",
+            resource: "pods".into(),
+            namespace: None,
+            name: None,
+        },
+        status: Status {
+            code,
+            reason: String::new(),
+            message: message.into(),
+        },
+        retry_after: retry_after.map(Duration::from_secs),
+        node: "n".into(),
+    }
+}
+
+fn store(dir: &tempfile::TempDir) -> Arc<Store> {
+    Arc::new(Store::open(&dir.path().join("db"), OpenMode::Normal).unwrap())
+}
+
+fn pod(store: &Store, name: &str) {
+    let raw = json!({"metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
+        "resourceVersion": "1"}, "status": {"phase": "Pending"}});
+    store
+        .apply(
+            Kind::Pod,
+            &[Change::Upsert(
+                StoredObject::from_raw(Kind::Pod, raw.to_string()).unwrap(),
+            )],
+            None,
+        )
+        .unwrap();
+}
+
+fn status(store: &Store, name: &str, phase: &str) {
+    store
+        .queue_status(&QueuedStatus {
+            pod_uid: format!("uid-{name}"),
+            namespace: "ns".into(),
+            name: name.into(),
+            status: json!({"phase": phase}).to_string(),
+        })
+        .unwrap();
+}
+
+fn event(store: &Store, name: &str, reason: &str) {
+    store
+        .queue_event(
+            &QueuedEvent {
+                pod_uid: format!("uid-{name}"),
+                key: format!("ns/{name}.edgehub-{reason}"),
+                namespace: "ns".into(),
+                body: json!({"metadata": {"name": format!("{name}.edgehub-{reason}")},
+                    "message": "m", "lastTimestamp": "t"})
+                .to_string(),
+                occurrences: 1,
+            },
+            now_ms(),
+        )
+        .unwrap();
+}
+
+fn pod_answer() -> Result<String, KubeError> {
+    Ok(
+        json!({"metadata": {"name": "x", "namespace": "ns", "uid": "u", "resourceVersion": "1"}})
+            .to_string(),
+    )
+}
+
+#[tokio::test]
+async fn a_refused_row_holds_back_its_pod_only_and_a_parked_one_nobody() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = store(&dir);
+    for p in ["a", "b", "c"] {
+        pod(&st, p);
+    }
+    status(&st, "a", "Running");
+    event(&st, "a", "started");
+    status(&st, "b", "Running");
+    event(&st, "b", "started");
+    status(&st, "c", "Running");
+    let cloud = Arc::new(FakeCloud::new(|what| match what {
+        // a: the apiserver is busy; b: refused for good; c: fine.
+        "patch-status ns/a" => Err(refused(429, "slow down", Some(60))),
+        "patch-status ns/b" => Err(refused(422, "status.phase: Unsupported value", None)),
+        "patch-status ns/c" => pod_answer(),
+        _ => Ok("{}".into()),
+    }));
+    let mut s = Sender::new(cloud.clone(), st.clone());
+    let d = s.drain().await.unwrap();
+    assert_eq!(
+        cloud.calls(),
+        [
+            "patch-status ns/a", // retried later: a's Event waits behind it
+            "patch-status ns/b", // parked: b's Event goes on
+            "create-event ns",
+            "patch-status ns/c",
+        ]
+    );
+    assert_eq!((d.parked, d.statuses_sent, d.events_sent), (1, 1, 1));
+    let parked = st.outbox_parked().unwrap();
+    assert_eq!(parked.len(), 1);
+    assert!(parked[0]
+        .last_error
+        .as_deref()
+        .unwrap()
+        .contains("Unsupported value"));
+    let rows = st.outbox().unwrap();
+    let a = rows
+        .iter()
+        .find(|r| r.pod_uid == "uid-a" && r.kind == RowKind::Status)
+        .unwrap();
+    assert!(
+        a.next_attempt_ms >= now_ms() + 59_000,
+        "Retry-After is honoured"
+    );
+    assert_eq!(a.attempts, 1);
+    assert_eq!(
+        st.outbox_counts().unwrap(),
+        (2, 1),
+        "a's status and Event wait, b's status is parked"
+    );
+}
+
+#[tokio::test]
+async fn gone_targets_are_dropped_and_offline_keeps_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = store(&dir);
+    pod(&st, "a");
+    pod(&st, "b");
+    status(&st, "a", "Running");
+    status(&st, "b", "Running");
+    status(&st, "nocache", "Running");
+    let cloud = Arc::new(FakeCloud::new(|what| match what {
+        "patch-status ns/a" => Err(refused(
+            422,
+            "Pod \"a\" is invalid: metadata.uid: Invalid value: \"x\": field is immutable",
+            None,
+        )),
+        _ => Err(KubeError::Unreachable {
+            request: Request {
+                verb: "patch",
+                resource: "pods".into(),
+                namespace: None,
+                name: None,
+            },
+            server: "s".into(),
+            reason: "down".into(),
+        }),
+    }));
+    let mut s = Sender::new(cloud.clone(), st.clone());
+    let d = s.drain().await.unwrap();
+    assert!(d.offline);
+    assert_eq!(d.dropped, 1, "a replacement pod of the same name: dropped");
+    // b was not taken (offline); the uncached pod's row was never reached: both kept.
+    assert_eq!(st.outbox_counts().unwrap(), (2, 0));
+}
+
+#[tokio::test]
+async fn statuses_collapse_and_events_count_their_series() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = store(&dir);
+    pod(&st, "a");
+    status(&st, "a", "Pending");
+    status(&st, "a", "Running");
+    event(&st, "a", "backoff");
+    event(&st, "a", "backoff");
+    assert_eq!(
+        st.outbox_counts().unwrap(),
+        (2, 0),
+        "one status, one Event with 2 occurrences"
+    );
+    let cloud = Arc::new(FakeCloud::new(|what| match what {
+        "create-event ns" => Err(refused(409, "already exists", None)),
+        "get-event ns/a.edgehub-backoff" => Ok(json!({"count": 3}).to_string()),
+        "patch-status ns/a" => pod_answer(),
+        _ => Ok("{}".into()),
+    }));
+    let mut s = Sender::new(cloud.clone(), st.clone());
+    s.drain().await.unwrap();
+    assert_eq!(
+        cloud.calls(),
+        [
+            "patch-status ns/a",
+            "create-event ns",
+            "get-event ns/a.edgehub-backoff",
+            "patch-event ns/a.edgehub-backoff",
+        ]
+    );
+    assert_eq!(st.outbox_counts().unwrap(), (0, 0));
+}
+
+#[tokio::test]
+async fn a_restart_with_a_full_outbox_loses_nothing_and_sends_nothing_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let st = store(&dir);
+        for i in 0..50 {
+            let name = format!("p{i}");
+            pod(&st, &name);
+            status(&st, &name, "Running");
+            event(&st, &name, "started");
+        }
+        // Half delivered before the power cut.
+        let cloud = Arc::new(FakeCloud::new(|what| {
+            let n: usize = what
+                .trim_start_matches("patch-status ns/p")
+                .parse()
+                .unwrap_or(0);
+            if what.starts_with("patch-status") && n >= 25 {
+                Err(KubeError::Timeout {
+                    request: Request {
+                        verb: "patch",
+                        resource: "pods".into(),
+                        namespace: None,
+                        name: None,
+                    },
+                    timeout: Duration::from_secs(1),
+                })
+            } else if what.starts_with("patch-status") {
+                pod_answer()
+            } else {
+                Ok("{}".into())
+            }
+        }));
+        let mut s = Sender::new(cloud.clone(), st.clone());
+        s.drain().await.unwrap();
+        assert_eq!(
+            st.outbox_counts().unwrap().0,
+            50,
+            "p25..p49: status and Event each"
+        );
+    }
+    // The store is opened again, as after a restart.
+    let st = store(&dir);
+    assert_eq!(st.outbox_counts().unwrap(), (50, 0), "nothing lost");
+    let cloud = Arc::new(FakeCloud::new(|what| {
+        if what.starts_with("patch-status") {
+            pod_answer()
+        } else {
+            Ok("{}".into())
+        }
+    }));
+    let mut s = Sender::new(cloud.clone(), st.clone());
+    let d = s.drain().await.unwrap();
+    assert_eq!(
+        (d.statuses_sent, d.events_sent),
+        (25, 25),
+        "nothing sent twice"
+    );
+    assert!(cloud
+        .calls()
+        .iter()
+        .all(|c| !c.starts_with("patch-status ns/p1 ") && c != "patch-status ns/p0"));
+    assert_eq!(st.outbox_counts().unwrap(), (0, 0));
+}
+
+#[tokio::test]
+async fn the_rate_limit_spaces_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = store(&dir);
+    for i in 0..5 {
+        let name = format!("p{i}");
+        pod(&st, &name);
+        status(&st, &name, "Running");
+    }
+    let cloud = Arc::new(FakeCloud::new(|_| pod_answer()));
+    let mut s = Sender::new(cloud.clone(), st.clone());
+    s.max_rate = 50;
+    let t = Instant::now();
+    let d = s.drain().await.unwrap();
+    assert_eq!(d.requests, 5);
+    // Four gaps of 20 ms at least; a behaviour of the limiter, not a performance claim.
+    assert!(
+        t.elapsed() >= Duration::from_millis(80),
+        "{:?}",
+        t.elapsed()
+    );
+}

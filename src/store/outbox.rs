@@ -1,0 +1,279 @@
+//! The outbox: everything edgehub owes the apiserver, in one durable, ordered queue. Producers
+//! (the runtime, the upgrade engine) only enqueue, in the same transaction as the state they
+//! report where they have one; one sender drains it while the link is up.
+//!
+//! A row has a kind (a pod's wanted status, or an Event), the pod it is about, a dedupe key,
+//! its body, how often it was tried, when it may be tried next, and the last error. Rows are
+//! sent in order per pod. Queuing a status again replaces the pod's queued one in place (the
+//! latest wins, and keeps its place); queuing an Event again counts one more occurrence. A
+//! row the apiserver refuses for good is parked: kept with its error, shown, and no longer
+//! in the way of the rows behind it.
+
+use super::StoreError;
+use rusqlite::{params, Connection, Row};
+
+/// What a row carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowKind {
+    /// The status edgehub wants a pod to have (the patch is computed when it is sent).
+    Status,
+    Event,
+}
+
+impl RowKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RowKind::Status => "status",
+            RowKind::Event => "event",
+        }
+    }
+
+    fn parse(s: &str) -> RowKind {
+        if s == "event" {
+            RowKind::Event
+        } else {
+            RowKind::Status
+        }
+    }
+}
+
+/// One row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxRow {
+    pub id: i64,
+    pub kind: RowKind,
+    pub pod_uid: String,
+    pub namespace: String,
+    pub name: String,
+    pub dedupe: String,
+    pub body: String,
+    /// For Events: how many times it happened since it was last delivered.
+    pub occurrences: i64,
+    pub attempts: i64,
+    pub next_attempt_ms: i64,
+    pub last_error: Option<String>,
+    pub parked: bool,
+}
+
+/// The status edgehub wants a pod to have: its own fields (phase, its conditions, container
+/// statuses, IPs), merged onto the status the apiserver held when it was queued.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueuedStatus {
+    pub pod_uid: String,
+    pub namespace: String,
+    pub name: String,
+    /// The `status` object, JSON.
+    pub status: String,
+}
+
+/// An Event waiting for the link. `key` is the Event's namespace/name: queuing the same key
+/// again bumps `occurrences` and replaces the body, the kubelet's event series.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueuedEvent {
+    /// The pod it is about (the outbox keeps each pod's rows in order).
+    pub pod_uid: String,
+    pub key: String,
+    pub namespace: String,
+    pub body: String,
+    /// How many times it happened since it was last delivered.
+    pub occurrences: i64,
+}
+
+const COLUMNS: &str = "id, kind, pod_uid, namespace, name, dedupe, body, occurrences, attempts, next_attempt_ms, last_error, parked";
+
+fn row(r: &Row<'_>) -> rusqlite::Result<OutboxRow> {
+    let kind: String = r.get(1)?;
+    Ok(OutboxRow {
+        id: r.get(0)?,
+        kind: RowKind::parse(&kind),
+        pod_uid: r.get(2)?,
+        namespace: r.get(3)?,
+        name: r.get(4)?,
+        dedupe: r.get(5)?,
+        body: r.get(6)?,
+        occurrences: r.get(7)?,
+        attempts: r.get(8)?,
+        next_attempt_ms: r.get(9)?,
+        last_error: r.get(10)?,
+        parked: r.get(11)?,
+    })
+}
+
+fn status_key(pod_uid: &str) -> String {
+    format!("status/{pod_uid}")
+}
+
+fn event_key(key: &str) -> String {
+    format!("event/{key}")
+}
+
+/// Queues (or replaces, in place) a pod's wanted status; returns whether anything was written.
+/// A new status for a parked row gives it another chance.
+pub fn queue_status(conn: &Connection, q: &QueuedStatus, now_ms: i64) -> Result<bool, StoreError> {
+    let n = conn
+        .prepare_cached(
+            "INSERT INTO outbox (kind, pod_uid, namespace, name, dedupe, body, queued_ms)
+             VALUES ('status', ?1, ?2, ?3, ?4, ?5, ?6)
+             ON CONFLICT (dedupe) DO UPDATE SET body = excluded.body, name = excluded.name,
+                 namespace = excluded.namespace, parked = 0, next_attempt_ms = 0
+             WHERE body != excluded.body",
+        )?
+        .execute(params![
+            q.pod_uid,
+            q.namespace,
+            q.name,
+            status_key(&q.pod_uid),
+            q.status,
+            now_ms
+        ])?;
+    Ok(n > 0)
+}
+
+/// The queued statuses that are not parked, oldest first.
+pub fn queued_statuses(conn: &Connection) -> Result<Vec<QueuedStatus>, StoreError> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT pod_uid, namespace, name, body FROM outbox WHERE kind = 'status' AND parked = 0 ORDER BY id",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok(QueuedStatus {
+            pod_uid: r.get(0)?,
+            namespace: r.get(1)?,
+            name: r.get(2)?,
+            status: r.get(3)?,
+        })
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// Removes a pod's queued status if it is still `status` (a newer one queued meanwhile stays);
+/// `None` removes whatever is queued.
+pub fn unqueue_status(
+    conn: &Connection,
+    pod_uid: &str,
+    status: Option<&str>,
+) -> Result<(), StoreError> {
+    let key = status_key(pod_uid);
+    match status {
+        Some(s) => conn
+            .prepare_cached("DELETE FROM outbox WHERE dedupe = ?1 AND body = ?2")?
+            .execute(params![key, s])?,
+        None => conn
+            .prepare_cached("DELETE FROM outbox WHERE dedupe = ?1")?
+            .execute(params![key])?,
+    };
+    Ok(())
+}
+
+/// Queues an Event; the same key again counts one more occurrence.
+pub fn queue_event(conn: &Connection, e: &QueuedEvent, now_ms: i64) -> Result<(), StoreError> {
+    let name = e.key.rsplit('/').next().unwrap_or_default();
+    conn.prepare_cached(
+        "INSERT INTO outbox (kind, pod_uid, namespace, name, dedupe, body, queued_ms)
+         VALUES ('event', ?1, ?2, ?3, ?4, ?5, ?6)
+         ON CONFLICT (dedupe) DO UPDATE SET body = excluded.body,
+             occurrences = occurrences + 1, parked = 0, next_attempt_ms = 0",
+    )?
+    .execute(params![
+        e.pod_uid,
+        e.namespace,
+        name,
+        event_key(&e.key),
+        e.body,
+        now_ms
+    ])?;
+    Ok(())
+}
+
+/// The queued Events that are not parked, oldest first.
+pub fn queued_events(conn: &Connection) -> Result<Vec<QueuedEvent>, StoreError> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT dedupe, namespace, body, occurrences, pod_uid FROM outbox WHERE kind = 'event' AND parked = 0 ORDER BY id",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        let dedupe: String = r.get(0)?;
+        Ok(QueuedEvent {
+            key: dedupe.strip_prefix("event/").unwrap_or(&dedupe).to_string(),
+            namespace: r.get(1)?,
+            body: r.get(2)?,
+            occurrences: r.get(3)?,
+            pod_uid: r.get(4)?,
+        })
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// Every row that is not parked, in the order they are sent (oldest first; per pod, in
+/// the order they were queued).
+pub fn rows(conn: &Connection) -> Result<Vec<OutboxRow>, StoreError> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM outbox WHERE parked = 0 ORDER BY id"
+    ))?;
+    let rows = stmt.query_map([], row)?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// The parked rows.
+pub fn parked(conn: &Connection) -> Result<Vec<OutboxRow>, StoreError> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM outbox WHERE parked = 1 ORDER BY id"
+    ))?;
+    let rows = stmt.query_map([], row)?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// A row was delivered as `sent` was: removed, unless it changed meanwhile (a newer status,
+/// more occurrences of the Event), which stays queued (only the occurrences delivered go).
+pub fn delivered(conn: &Connection, sent: &OutboxRow) -> Result<(), StoreError> {
+    match sent.kind {
+        RowKind::Status => {
+            conn.prepare_cached("DELETE FROM outbox WHERE id = ?1 AND body = ?2")?
+                .execute(params![sent.id, sent.body])?;
+        }
+        RowKind::Event => {
+            conn.prepare_cached("DELETE FROM outbox WHERE id = ?1 AND occurrences <= ?2")?
+                .execute(params![sent.id, sent.occurrences])?;
+            conn.prepare_cached(
+                "UPDATE outbox SET occurrences = occurrences - ?2, attempts = 0, last_error = NULL
+                 WHERE id = ?1 AND occurrences > ?2",
+            )?
+            .execute(params![sent.id, sent.occurrences])?;
+        }
+    }
+    Ok(())
+}
+
+/// Drops a row the apiserver will never need (its target is gone).
+pub fn drop_row(conn: &Connection, id: i64) -> Result<(), StoreError> {
+    conn.prepare_cached("DELETE FROM outbox WHERE id = ?1")?
+        .execute(params![id])?;
+    Ok(())
+}
+
+/// A failed attempt: try again at `next_ms`.
+pub fn retry(conn: &Connection, id: i64, next_ms: i64, error: &str) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "UPDATE outbox SET attempts = attempts + 1, next_attempt_ms = ?2, last_error = ?3 WHERE id = ?1",
+    )?
+    .execute(params![id, next_ms, error])?;
+    Ok(())
+}
+
+/// A row the apiserver refused for good: kept with its error, out of the way.
+pub fn park(conn: &Connection, id: i64, error: &str) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "UPDATE outbox SET attempts = attempts + 1, parked = 1, last_error = ?2 WHERE id = ?1",
+    )?
+    .execute(params![id, error])?;
+    Ok(())
+}
+
+/// Rows queued and parked.
+pub fn counts(conn: &Connection) -> Result<(u64, u64), StoreError> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT COALESCE(SUM(parked = 0), 0), COALESCE(SUM(parked = 1), 0) FROM outbox",
+        )?
+        .query_row([], |r| {
+            Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64))
+        })?)
+}
