@@ -47,7 +47,11 @@ fn tree_bytes(dir: &Path) -> u64 {
 fn db_bytes(data: &Path) -> u64 {
     ["edgehub.db", "edgehub.db-wal"]
         .iter()
-        .map(|f| std::fs::metadata(data.join(f)).map(|m| m.len()).unwrap_or(0))
+        .map(|f| {
+            std::fs::metadata(data.join(f))
+                .map(|m| m.len())
+                .unwrap_or(0)
+        })
         .sum()
 }
 
@@ -63,7 +67,9 @@ fn ready(server: &edgehub_testsupport::FakeApiServer, name: &str) -> bool {
 
 fn main() {
     if !std::env::args().any(|a| a == "--bench") {
-        println!("flash benchmark: run with `cargo bench --bench flash` (root, containerd test stack)");
+        println!(
+            "flash benchmark: run with `cargo bench --bench flash` (root, containerd test stack)"
+        );
         return;
     }
     let Some(bin) = support::edgehub_bin() else {

@@ -7,8 +7,9 @@
 //! minus what an idle fleet sends in as long (Lease renewals).
 //!
 //! Two fleets run side by side, one with the reflectors' reconnect jitter and one with it
-//! turned off (`EDGEHUB_TEST_BACKOFF_JITTER=0`, a test-only knob), each against its own
-//! apiserver, so the comparison costs one window, not two.
+//! turned off (`EDGEHUB_TEST_BACKOFF_JITTER=0`, a test-only knob, and the outbox's
+//! `[report] reconnect_jitter_secs = 0`), each against its own apiserver, so the comparison
+//! costs one window, not two.
 //!
 //! Knobs: `EDGEHUB_FLEET_DEVICES` (50), `EDGEHUB_FLEET_OFFLINE_SECS` (120).
 //! Prints numbers and `METRIC` lines for `benches/run.sh`; asserts nothing about time.
@@ -84,14 +85,19 @@ async fn fleet(bin: &Path, devices: usize, offline: Duration, jitter: bool) -> O
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let socket = dir.path().join("no-runtime.sock");
-    let env: &[(&str, &str)] = if jitter {
-        &[]
+    // Without jitter: the reflectors' backoffs (a test-only knob) and the outbox's wait
+    // before it drains (`[report] reconnect_jitter_secs`, 30 s by default).
+    let (env, extra): (&[(&str, &str)], &str) = if jitter {
+        (&[], "")
     } else {
-        &[("EDGEHUB_TEST_BACKOFF_JITTER", "0")]
+        (
+            &[("EDGEHUB_TEST_BACKOFF_JITTER", "0")],
+            "[report]\nreconnect_jitter_secs = 0\n",
+        )
     };
     let mut edges: Vec<Edge> = names
         .iter()
-        .map(|n| Edge::prepare(&server, bin, &dir.path().join(n), n, &socket, ""))
+        .map(|n| Edge::prepare(&server, bin, &dir.path().join(n), n, &socket, extra))
         .collect();
     for e in &mut edges {
         e.start(env);
@@ -198,7 +204,10 @@ fn report(o: &Outcome, jitter: bool) {
             .map_or("never, within the window".into(), |s| format!("{s:.1} s"))
     );
     println!("  by verb: {:?}", o.by_verb);
-    println!("  requests per second after the restore: {:?}", o.per_second);
+    println!(
+        "  requests per second after the restore: {:?}",
+        o.per_second
+    );
     metric(
         &format!("apiserver_requests_per_device_link_flap{suffix}"),
         per_device,
@@ -215,7 +224,10 @@ fn report(o: &Outcome, jitter: bool) {
         "",
     );
     metric(
-        &format!("apiserver_peak_requests_per_s_{}_devices{suffix}", o.devices),
+        &format!(
+            "apiserver_peak_requests_per_s_{}_devices{suffix}",
+            o.devices
+        ),
         o.peak_per_s as f64,
         "/s",
     );

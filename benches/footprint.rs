@@ -42,6 +42,9 @@ fn tokens(e: &Edge) -> i64 {
 struct Idle {
     pods: usize,
     rss: u64,
+    /// RssAnon (heap, stacks, SQLite's cache) and RssFile (the binary's pages touched).
+    anon: u64,
+    file: u64,
     hwm: u64,
     threads: u64,
 }
@@ -78,6 +81,8 @@ async fn idle_rss(bin: &Path, pods: usize) -> Option<Idle> {
     let idle = Idle {
         pods,
         rss: support::proc_status_kib(pid, "VmRSS")?,
+        anon: support::proc_status_kib(pid, "RssAnon")?,
+        file: support::proc_status_kib(pid, "RssFile")?,
         hwm: support::proc_status_kib(pid, "VmHWM")?,
         threads: support::threads(pid)?,
     };
@@ -181,8 +186,18 @@ fn main() {
         );
         for idle in [a, b, c].into_iter().flatten() {
             println!(
-                "edgehub run idle, {} pods cached (runtime absent): VmRSS {} KiB, peak {} KiB, {} threads",
-                idle.pods, idle.rss, idle.hwm, idle.threads
+                "edgehub run idle, {} pods cached (runtime absent): VmRSS {} KiB ({} anonymous, {} of the binary), peak {} KiB, {} threads",
+                idle.pods, idle.rss, idle.anon, idle.file, idle.hwm, idle.threads
+            );
+            metric(
+                &format!("rss_anon_kib_{}_pods", idle.pods),
+                idle.anon as f64,
+                "KiB",
+            );
+            metric(
+                &format!("rss_file_kib_{}_pods", idle.pods),
+                idle.file as f64,
+                "KiB",
             );
             metric(
                 &format!("rss_idle_kib_{}_pods", idle.pods),

@@ -209,8 +209,9 @@ pub fn http(addr: &str, method: &str, path: &str) -> (u16, String) {
         return (0, String::new());
     };
     let _ = s.set_read_timeout(Some(Duration::from_secs(30)));
-    let req =
-        format!("{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    );
     if s.write_all(req.as_bytes()).is_err() {
         return (0, String::new());
     }

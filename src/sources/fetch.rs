@@ -416,9 +416,7 @@ impl Fetcher {
             pod.uid.clone(),
             format!("{audience}/{expiration_secs}"),
         );
-        let cached = self
-            .store
-            .get_token(&pod.uid, audience, expiration_secs)?;
+        let cached = self.store.get_token(&pod.uid, audience, expiration_secs)?;
         let now = crate::time::now_ms();
         let needed = cached
             .as_ref()

@@ -641,9 +641,6 @@ fn check_and_open(path: &Path) -> Result<Connection, StoreError> {
             "cannot switch to WAL (journal_mode={mode})"
         )));
     }
-    // cache_size: SQLite's default page cache is 2 MiB; the cache file of a device is about
-    // that size, so the default would keep all of it in RAM beside the OS page cache. 512 KiB
-    // keeps edgehub inside its memory budget (see the README's numbers).
     // cache_size: SQLite's default page cache is 2 MiB, about the size of a device's whole
     // cache file, which the OS page cache holds too. 512 KiB keeps idle RSS down (README
     // numbers); GET /pods latency did not change measurably.
