@@ -5,14 +5,16 @@
 # Writes target/bench/numbers.json (and the raw lines to target/bench/metrics.txt, each
 # bench's output to target/bench/logs/).
 #
-#   bash benches/run.sh                 # everything, about 15 minutes on 2 cores
+#   bash benches/run.sh                 # everything: about 15-20 minutes on an idle 2-core
+#                                       # machine after the builds (an estimate from the
+#                                       # benches' parts; flash's window alone is 5 minutes)
 #   bash benches/run.sh --readme        # the same, then regenerate README's numbers table
 #   bash benches/run.sh --readme-only   # only regenerate README's table from numbers.json
 #
 # Needs root and the containerd test stack (scripts/cri-stack.sh; started when absent).
 # Knobs:
-#   RUNS=3                       runs of the quick benches (sync, api, runtime, footprint);
-#                                the others take their own medians over rounds
+#   RUNS=3                       runs of the quick benches (sync, api, footprint); the
+#                                others run once and take their own medians over rounds
 #   NO_BUILD=1                   measure the binaries already built
 #   EDGEHUB_FLASH_WINDOW_SECS    the flash window (300: the full 5 minutes by default)
 #   EDGEHUB_FLEET_DEVICES        devices per fleet (50)
@@ -68,11 +70,11 @@ bench() {
 }
 
 # Latency and memory first, one at a time, on a quiet machine.
-for name in sync api runtime footprint; do
+for name in sync api footprint; do
     wanted "$name" || continue
     for r in $(seq 1 "$runs"); do bench "$name" "run$r"; done
 done
-for name in runtime_behaviour upgrade; do
+for name in runtime runtime_behaviour upgrade; do
     wanted "$name" && bench "$name" run1
 done
 # Then the two long windows side by side: flash counts one process's writes, the fleet counts
