@@ -34,7 +34,7 @@ for a in "$@"; do
 done
 runs=${RUNS:-3}
 export EDGEHUB_FLASH_WINDOW_SECS=${EDGEHUB_FLASH_WINDOW_SECS:-300}
-benches=${ONLY:-"sync api runtime runtime_behaviour upgrade footprint flash fleet"}
+benches=${ONLY:-"sync api runtime runtime_behaviour upgrade outbox footprint flash fleet"}
 log() { printf '==> %s\n' "$*" >&2; }
 wanted() { [[ " $benches " == *" $1 "* ]]; }
 
@@ -74,7 +74,7 @@ for name in sync api footprint; do
     wanted "$name" || continue
     for r in $(seq 1 "$runs"); do bench "$name" "run$r"; done
 done
-for name in runtime runtime_behaviour upgrade; do
+for name in runtime runtime_behaviour upgrade outbox; do
     wanted "$name" && bench "$name" run1
 done
 # Then the two long windows side by side: flash counts one process's writes, the fleet counts

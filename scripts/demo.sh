@@ -10,7 +10,11 @@
 #      API, which pods need an upgrade, and triggers one, all offline;
 #   5. edgehub upgrades the pod offline, in place, and shows the journal's steps, the new
 #      image and the new container's output;
-#   6. edgehub restarts with the link still down and serves and runs from its cache.
+#   6. edgehub restarts with the link still down and serves and runs from its cache;
+#   7. the link returns: edgehub reports what the device runs. It deletes the old pod object
+#      (a node may), the DaemonSet controller replaces it at the new revision, and the
+#      replacement adopts the running container: the cloud shows the new revision, the new
+#      image in the status and the upgrade's Events, and nothing restarted.
 # Run as root on Debian 12; scripts/setup.sh installs what is missing (the same script
 # scripts/test.sh uses). Everything lives under ./.demo and target/cri-stack and is stopped
 # on exit; a CRI stack that was already running is left running, with the demo's two pods.
@@ -53,7 +57,10 @@ api=127.0.0.1:10267
 log "starting containerd, a local registry and test images (scripts/cri-stack.sh)"
 cri=$(bash scripts/cri-stack.sh start)
 echo "CRI socket: $cri"
-EH=("$bin/edgehub" --node-name edge-1 --data-dir "$work/data"
+# The report waits a random part of reconnect_jitter_secs after the link returns (a fleet
+# must not report at once); 2 s keeps the demo short.
+printf '[report]\nreconnect_jitter_secs = 2\n' >"$work/config.toml"
+EH=("$bin/edgehub" --config "$work/config.toml" --node-name edge-1 --data-dir "$work/data"
     --kubeconfig "$work/kube/kubeconfig" --api-addr "$api" --cri-socket "$cri")
 eh() { "${EH[@]}" "$@"; }
 run_edgehub() {
@@ -105,8 +112,9 @@ tail -n 1 "$work/apiserver.log"
 sleep 1
 eh pods
 
-log "the link to the cloud goes down (the apiserver stops)"
-kill "$apiserver_pid"; wait "$apiserver_pid" 2>/dev/null || true
+log "the link to the cloud goes down (the apiserver stops answering)"
+kill -USR1 "$apiserver_pid"
+for _ in $(seq 100); do grep -q "link cut" "$work/apiserver.log" && break; sleep 0.1; done
 sleep 1
 
 log "OTA manager: curl http://$api/pods (PodNeedUpgrade of telemetry-sv74m)"
@@ -138,7 +146,8 @@ statuses() {
 import json, sys
 for p in json.load(sys.stdin)["items"]:
     for c in p["status"].get("containerStatuses", []):
-        print(p["metadata"]["name"], c["name"], c["image"], "running" if "running" in c.get("state", {}) else "")'
+        print(p["metadata"]["name"], c["name"], c["image"], "running" if "running" in c.get("state", {}) else "",
+              c.get("containerID", "").split("//")[-1][:12])'
 }
 # The runtime reports the new container's status a moment after the commit.
 for _ in $(seq 50); do
@@ -155,4 +164,42 @@ kill -TERM "$edgehub_pid"; wait "$edgehub_pid" || true
 run_edgehub
 eh pods
 eh status
+log "the link returns: edgehub reports what the device runs"
+kill -USR2 "$apiserver_pid"
+# The cluster as an operator sees it, through the test apiserver's admin token.
+cloud() {
+    curl -s --cacert "$work/kube/ca.crt" -H "Authorization: Bearer $(cat "$work/kube/admin-token")" \
+        "https://127.0.0.1:16443/api/v1/namespaces/vehicle/$1"
+}
+# Telemetry pods in the cloud: name, revision label, and the app container's reported image,
+# readiness and container id.
+cloud_pods() {
+    cloud pods | python3 -c '
+import json, sys
+for p in json.load(sys.stdin)["items"]:
+    if not p["metadata"]["name"].startswith("telemetry-"):
+        continue
+    app = [c for c in p["status"].get("containerStatuses", []) if c["name"] == "app"]
+    app = app[0] if app else {}
+    print(p["metadata"]["name"], "revision", p["metadata"]["labels"].get("controller-revision-hash"),
+          "app", app.get("image", "-"), "ready" if app.get("ready") else "not-ready",
+          app.get("containerID", "").split("//")[-1][:12])'
+}
+for _ in $(seq 300); do
+    cloud_pods | grep -q "revision 55778fbb9f app 127.0.0.1:5000/busybox:2.0 ready" && break
+    sleep 0.2
+done
+grep "DaemonSet controller" "$work/apiserver.log" | tail -n 1
+echo "the cloud's telemetry pod (kubectl get pod, as the operator sees it):"
+cloud_pods
+echo "the Events edgehub delivered:"
+cloud events | python3 -c '
+import json, sys
+for e in json.load(sys.stdin)["items"]:
+    if e["reason"].startswith("Upgrade"):
+        print(e["involvedObject"]["name"], e["reason"], "count", e.get("count"), "-", e["message"])'
+echo "on the device, the same container runs on (same id, not restarted):"
+statuses | grep "^telemetry-.* app "
+eh status
+
 log "done; logs and database are in $work/"

@@ -43,6 +43,8 @@ pub struct ReportConfig {
     pub reconnect_jitter: Duration,
     /// Requests a second the outbox sends at most (0: no limit).
     pub max_rate: u32,
+    /// The longest wait before a refused report is tried again (its backoff's ceiling).
+    pub retry_max: Duration,
 }
 
 /// The Node object edgehub registers and keeps current, as a kubelet would.
@@ -164,6 +166,7 @@ struct FileReport {
     adopt_timeout_secs: Option<u64>,
     reconnect_jitter_secs: Option<u64>,
     max_rate: Option<u32>,
+    retry_max_secs: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -495,6 +498,12 @@ impl Config {
             )?),
             reconnect_jitter: Duration::from_secs(r.reconnect_jitter_secs.unwrap_or(30).min(3_600)),
             max_rate: r.max_rate.unwrap_or(20),
+            retry_max: Duration::from_secs(secs(
+                "report.retry_max_secs",
+                r.retry_max_secs,
+                300,
+                86_400,
+            )?),
         };
         Ok(Config {
             node_name,

@@ -293,6 +293,7 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
             r.revision_report = config.report.mode;
             r.reconnect_jitter = config.report.reconnect_jitter;
             r.max_rate = config.report.max_rate;
+            r.retry.max = config.report.retry_max;
             r
         }
         .run(Some(sync.link.clone()), shutdown_rx.clone()),

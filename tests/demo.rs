@@ -1,7 +1,8 @@
 //! The quickstart cannot rot: this runs `scripts/demo.sh` itself (debug build, its own work
 //! directory, the suite's CRI stack) and checks the lines a newcomer is told to look for:
 //! the pods running, `PodNeedUpgrade=True` with the link down, the upgrade accepted offline,
-//! `edgehub logs` offline, and the restart served from the cache. Needs root and containerd;
+//! `edgehub logs` offline, the restart served from the cache, and the report when the link
+//! returns. Needs root and containerd;
 //! without them this fails, loudly.
 
 mod common;
@@ -144,6 +145,41 @@ fn the_demo_runs_and_shows_the_main_job() {
         restart.contains("cache:  2 pods, 2 DaemonSets, 3 ControllerRevisions, 1 nodes"),
         "{restart}"
     );
+    // The link returns: the cloud gets the new revision by delete-and-adopt, with the
+    // device's status and the upgrade's Events, and the container was not restarted.
+    let report = section(&all, "the link returns", &stdout);
+    assert!(
+        report.contains("DaemonSet controller: vehicle/telemetry-sv74m deleted; created vehicle/telemetry-r0001 at revision 55778fbb9f"),
+        "{report}"
+    );
+    let cloud = report
+        .lines()
+        .find(|l| {
+            l.starts_with(
+                "telemetry-r0001 revision 55778fbb9f app 127.0.0.1:5000/busybox:2.0 ready ",
+            )
+        })
+        .unwrap_or_else(|| {
+            panic!("the replacement in the cloud, reporting the new image:\n{report}")
+        });
+    assert!(
+        report.contains("telemetry-sv74m UpgradeStarted count 1")
+            && report.contains("telemetry-sv74m UpgradeSucceeded count 1"),
+        "{report}"
+    );
+    let container = cloud.rsplit(' ').next().unwrap_or("");
+    assert!(
+        !container.is_empty()
+            && report.contains(&format!(
+                "telemetry-r0001 app 127.0.0.1:5000/busybox:2.0 running {container}"
+            ))
+            && after.contains(&format!(
+                "telemetry-sv74m app 127.0.0.1:5000/busybox:2.0 running {container}"
+            )),
+        "the same container before and after the report:\n{after}\n{report}"
+    );
+    assert!(report.contains("link:   Online"), "{report}");
+
     // The work directory is the one asked for (the demo prints it resolved).
     let last = stdout.trim_end().lines().last().unwrap_or("");
     assert!(

@@ -500,10 +500,25 @@ async fn when_the_link_returns_the_replacement_adopts_the_upgraded_pod() {
     )
     .await;
     let reported = app_status(&n).unwrap();
+    let all: Vec<String> = n
+        .containers()
+        .await
+        .iter()
+        .map(|c| {
+            format!(
+                "{} state={} attempt={:?} labels={:?}",
+                c.id,
+                c.state,
+                c.metadata.as_ref().map(|m| m.attempt),
+                c.labels
+            )
+        })
+        .collect();
     assert_eq!(
         reported["containerID"],
         format!("containerd://{}", app.id),
-        "the replacement runs the upgraded container"
+        "the replacement runs the upgraded container: {reported}\n{all:#?}\n{}",
+        n.log()
     );
     let now = n.running("app").await;
     assert_eq!(now.len(), 1);

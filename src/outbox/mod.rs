@@ -37,6 +37,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
+/// How long a deleted pod object may stay in the cache (its watch event on the way) before
+/// the deletion is asked again.
+const AWAIT_RESEND: Duration = Duration::from_secs(30);
+
 /// How the revision an upgrade committed offline reaches the cloud.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RevisionReport {
@@ -133,9 +137,11 @@ impl<C: Cloud> Sender<C> {
         };
         let mut offline_rounds = 0u32;
         loop {
-            let was_online = link
+            // Jitter is for a link that came back, not the first connection after boot:
+            // devices boot at their own times.
+            let was_offline = link
                 .as_ref()
-                .is_none_or(|l| matches!(*l.borrow(), LinkState::Online));
+                .is_some_and(|l| matches!(*l.borrow(), LinkState::Offline { .. }));
             let link_changed = async {
                 match link.as_mut() {
                     Some(l) => {
@@ -155,7 +161,7 @@ impl<C: Cloud> Sender<C> {
             let online = link
                 .as_ref()
                 .is_none_or(|l| matches!(*l.borrow(), LinkState::Online));
-            if online && !was_online && !self.reconnect_jitter.is_zero() {
+            if online && was_offline && !self.reconnect_jitter.is_zero() {
                 // A fleet that lost the link together must not drain together.
                 let ms = fastrand::u64(0..=self.reconnect_jitter.as_millis() as u64);
                 tokio::select! {
@@ -291,18 +297,49 @@ impl<C: Cloud> Sender<C> {
                 },
             }
         }
-        for r in self.store.running_revisions()? {
-            if r.awaiting_since_ms.is_some()
-                || self
-                    .revision_retry
-                    .get(&r.pod_uid)
-                    .is_some_and(|(t, _)| Instant::now() < *t)
+        // A pod whose upgrade is still going (Committed, not yet Done) is the engine's: its
+        // revision is reported once it finishes, so the deletion cannot pull the pod out
+        // from under the engine's last step.
+        let upgrading: HashSet<String> = self
+            .store
+            .active_requests()?
+            .into_iter()
+            .map(|r| r.pod_uid)
+            .collect();
+        let revisions = self.store.running_revisions()?;
+        // Only pods still owed a report keep a retry time (an expired one would make
+        // `next_due` wake the sender at once, again and again).
+        self.revision_retry
+            .retain(|uid, _| revisions.iter().any(|r| &r.pod_uid == uid));
+        for r in revisions {
+            if upgrading.contains(&r.pod_uid) {
+                // Looked at again shortly: nothing else wakes the sender when it ends.
+                self.revision_retry.insert(
+                    r.pod_uid.clone(),
+                    (Instant::now() + Duration::from_secs(1), 0),
+                );
+                continue;
+            }
+            // Awaiting with its pod object still cached: the deletion was cut off (a power
+            // cut between the mark and the request), or its watch event is on its way. Asked
+            // again (a 404 is fine), at most once a [`AWAIT_RESEND`].
+            let deleted = r.awaiting_since_ms.is_some()
+                && self.store.get_by_uid(Kind::Pod, &r.pod_uid)?.is_none();
+            if deleted {
+                self.revision_retry.remove(&r.pod_uid);
+                continue;
+            }
+            if self
+                .revision_retry
+                .get(&r.pod_uid)
+                .is_some_and(|(t, _)| Instant::now() < *t)
             {
                 continue;
             }
             match self.send_revision(&r, &mut d).await {
                 Ok(true) => {
-                    self.revision_retry.remove(&r.pod_uid);
+                    self.revision_retry
+                        .insert(r.pod_uid.clone(), (Instant::now() + AWAIT_RESEND, 0));
                     d.revisions_reported += 1;
                 }
                 Ok(false) => {
@@ -408,8 +445,20 @@ impl<C: Cloud> Sender<C> {
         let existing: Value =
             serde_json::from_str(&self.cloud.get_event(&row.namespace, &name).await?)
                 .unwrap_or(Value::Null);
+        let token = |v: &Value| {
+            v.pointer("/metadata/annotations")
+                .and_then(|a| a.get(crate::store::DELIVERY_ANNOTATION))
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        };
+        let ours = token(body);
+        if ours.is_some() && token(&existing) == ours {
+            // An earlier attempt of this very delivery landed; its answer was lost.
+            return Ok(());
+        }
         let count = existing["count"].as_i64().unwrap_or(1) + row.occurrences;
         let patch = json!({
+            "metadata": {"annotations": {crate::store::DELIVERY_ANNOTATION: ours}},
             "count": count,
             "lastTimestamp": body["lastTimestamp"],
             "message": body["message"],
@@ -471,6 +520,10 @@ impl<C: Cloud> Sender<C> {
             tracing::info!(pod = %name, namespace = %ns, revision = %r.hash, "revision reported by patch");
             return Ok(true);
         }
+        // Awaiting first, committed before the request: the watch may deliver the deletion,
+        // and the runtime act on it, before the answer arrives here. A sandbox not yet marked
+        // would be a gone pod's, and stopped.
+        self.store.mark_awaiting_adoption(&r.pod_uid)?;
         self.pace().await;
         d.requests += 1;
         match self.cloud.delete_pod(&ns, &name, &r.pod_uid).await {
@@ -478,11 +531,13 @@ impl<C: Cloud> Sender<C> {
             // replacement.
             Ok(_) => {}
             Err(e) if matches!(e.code(), Some(404) | Some(409)) => {}
-            Err(e) => return Err(e.into()),
+            Err(e) => {
+                self.store.unmark_awaiting_adoption(&r.pod_uid)?;
+                return Err(e.into());
+            }
         }
         tracing::info!(pod = %name, namespace = %ns, revision = %r.hash,
             "pod object deleted; its replacement will adopt the running sandbox");
-        self.store.mark_awaiting_adoption(&r.pod_uid)?;
         Ok(true)
     }
 }

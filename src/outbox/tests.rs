@@ -344,3 +344,112 @@ async fn the_rate_limit_spaces_requests() {
         t.elapsed()
     );
 }
+
+/// Events kept by name, answering as the apiserver does (409 on a second create); the next
+/// `lose` writes land and then answer with a timeout, as when the link drops mid-answer.
+#[derive(Default)]
+struct EventStore {
+    events: Mutex<HashMap<String, Value>>,
+    lose: Mutex<usize>,
+}
+
+fn timeout() -> KubeError {
+    KubeError::Timeout {
+        request: Request {
+            verb: "create",
+            resource: "events".into(),
+            namespace: None,
+            name: None,
+        },
+        timeout: Duration::from_secs(1),
+    }
+}
+
+impl EventStore {
+    fn answer(&self, v: &Value) -> Result<String, KubeError> {
+        let mut lose = self.lose.lock().unwrap();
+        if *lose > 0 {
+            *lose -= 1;
+            return Err(timeout());
+        }
+        Ok(v.to_string())
+    }
+
+    fn count(&self, name: &str) -> i64 {
+        self.events.lock().unwrap()[name]["count"].as_i64().unwrap()
+    }
+}
+
+impl Cloud for Arc<EventStore> {
+    async fn patch_pod_status(&self, _: &str, _: &str, _: Vec<u8>) -> Result<String, KubeError> {
+        pod_answer()
+    }
+    async fn create_event(&self, _: &str, b: Vec<u8>) -> Result<String, KubeError> {
+        let v: Value = serde_json::from_slice(&b).unwrap();
+        let name = v["metadata"]["name"].as_str().unwrap().to_string();
+        {
+            let mut ev = self.events.lock().unwrap();
+            if ev.contains_key(&name) {
+                return Err(refused(409, "already exists", None));
+            }
+            ev.insert(name, v.clone());
+        }
+        self.answer(&v)
+    }
+    async fn get_event(&self, _: &str, name: &str) -> Result<String, KubeError> {
+        Ok(self.events.lock().unwrap()[name].to_string())
+    }
+    async fn patch_event(&self, _: &str, name: &str, b: Vec<u8>) -> Result<String, KubeError> {
+        let p: Value = serde_json::from_slice(&b).unwrap();
+        let v = {
+            let mut ev = self.events.lock().unwrap();
+            let e = ev.get_mut(name).unwrap();
+            e["count"] = p["count"].clone();
+            e["lastTimestamp"] = p["lastTimestamp"].clone();
+            e["metadata"]["annotations"] = p["metadata"]["annotations"].clone();
+            e.clone()
+        };
+        self.answer(&v)
+    }
+    async fn delete_pod(&self, _: &str, _: &str, _: &str) -> Result<String, KubeError> {
+        Ok("{}".into())
+    }
+    async fn patch_pod(&self, _: &str, _: &str, _: Vec<u8>) -> Result<String, KubeError> {
+        Ok("{}".into())
+    }
+}
+
+#[tokio::test]
+async fn an_event_whose_answer_was_lost_is_counted_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = store(&dir);
+    pod(&st, "a");
+    let cloud = Arc::new(EventStore::default());
+    let mut s = Sender::new(cloud.clone(), st.clone());
+    s.retry = BackoffPolicy {
+        initial: Duration::ZERO,
+        max: Duration::ZERO,
+    };
+
+    // The create lands, its answer is lost: retried, it finds its own delivery.
+    event(&st, "a", "started");
+    *cloud.lose.lock().unwrap() = 1;
+    s.drain().await.unwrap();
+    assert_eq!(st.outbox_counts().unwrap(), (1, 0), "kept for a retry");
+    s.drain().await.unwrap();
+    assert_eq!(st.outbox_counts().unwrap(), (0, 0));
+    assert_eq!(cloud.count("a.edgehub-started"), 1);
+
+    // Once more: the patch of the count lands, its answer is lost.
+    event(&st, "a", "started");
+    *cloud.lose.lock().unwrap() = 1;
+    s.drain().await.unwrap();
+    assert_eq!(st.outbox_counts().unwrap(), (1, 0), "kept for a retry");
+    s.drain().await.unwrap();
+    assert_eq!(st.outbox_counts().unwrap(), (0, 0));
+    assert_eq!(
+        cloud.count("a.edgehub-started"),
+        2,
+        "two occurrences, not three"
+    );
+}

@@ -261,7 +261,14 @@ pub fn decide(inp: &Inputs<'_>) -> Vec<Action> {
             Some(Ok(plan)) => decide_pod(inp, pod, plan, &mut out),
         }
     }
-    for a in inp.awaiting.iter().filter(|a| a.expired) {
+    // Only once the pod object is gone: a deletion that never reached the apiserver (the
+    // link fell between the mark and the request) leaves the pod as it was, to ask again.
+    let cached: HashSet<&str> = inp.desired.iter().map(|p| p.uid()).collect();
+    for a in inp
+        .awaiting
+        .iter()
+        .filter(|a| a.expired && !cached.contains(a.label_uid.as_str()))
+    {
         out.push(Action::GiveUpAdoption {
             uid: a.label_uid.clone(),
         });

@@ -212,6 +212,15 @@ pub fn mark_awaiting(conn: &Connection, pod_uid: &str, now_ms: i64) -> Result<()
     Ok(())
 }
 
+/// Takes back [`mark_awaiting`] when the deletion it was made for did not happen.
+pub fn unmark_awaiting(conn: &Connection, pod_uid: &str) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "UPDATE running_revisions SET awaiting_since_ms = NULL WHERE pod_uid = ?1",
+    )?
+    .execute(params![pod_uid])?;
+    Ok(())
+}
+
 /// Binds pod `pod_uid` to the sandbox and containers labelled `label_uid`, and closes the
 /// running revision of `label_uid` (the replacement runs that revision natively). One
 /// transaction.

@@ -18,7 +18,7 @@ mod sources;
 
 pub use journal::{Effects, LogLine, RunningRevision};
 pub use objects::{ApplyStats, Change, StoredObject};
-pub use outbox::{OutboxRow, QueuedEvent, QueuedStatus, RowKind};
+pub use outbox::{OutboxRow, QueuedEvent, QueuedStatus, RowKind, DELIVERY_ANNOTATION};
 pub use requests::{NewRequest, Recorded, RequestKind, RequestRecord, TERMINAL_STATES};
 pub use schema::{APPLICATION_ID, LATEST as SCHEMA_VERSION};
 pub use sources::{CachedSource, CachedToken};
@@ -390,6 +390,13 @@ impl Store {
     /// The pod object of a running revision was deleted so that its replacement adopts it.
     pub fn mark_awaiting_adoption(&self, pod_uid: &str) -> Result<(), StoreError> {
         journal::mark_awaiting(&self.conn(), pod_uid, crate::time::now_ms())?;
+        self.notify();
+        Ok(())
+    }
+
+    /// The pod object was not deleted after all: its sandbox is the pod's again.
+    pub fn unmark_awaiting_adoption(&self, pod_uid: &str) -> Result<(), StoreError> {
+        journal::unmark_awaiting(&self.conn(), pod_uid)?;
         self.notify();
         Ok(())
     }

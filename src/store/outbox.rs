@@ -164,12 +164,20 @@ pub fn unqueue_status(
     Ok(())
 }
 
-/// Queues an Event; the same key again counts one more occurrence.
+/// The Event annotation that names one delivery of a row: a random token, new whenever the
+/// row changes. A create or patch whose answer was lost is retried; finding its own token on
+/// the Event, the sender knows the first attempt landed and does not count it twice.
+pub const DELIVERY_ANNOTATION: &str = "edgehub.io/delivery";
+
+/// Queues an Event; the same key again counts one more occurrence. Either way the body gets
+/// a fresh [`DELIVERY_ANNOTATION`].
 pub fn queue_event(conn: &Connection, e: &QueuedEvent, now_ms: i64) -> Result<(), StoreError> {
     let name = e.key.rsplit('/').next().unwrap_or_default();
     conn.prepare_cached(
         "INSERT INTO outbox (kind, pod_uid, namespace, name, dedupe, body, queued_ms)
-         VALUES ('event', ?1, ?2, ?3, ?4, ?5, ?6)
+         VALUES ('event', ?1, ?2, ?3, ?4,
+                 json_set(?5, '$.metadata.annotations.\"edgehub.io/delivery\"', lower(hex(randomblob(8)))),
+                 ?6)
          ON CONFLICT (dedupe) DO UPDATE SET body = excluded.body,
              occurrences = occurrences + 1, parked = 0, next_attempt_ms = 0",
     )?

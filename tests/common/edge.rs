@@ -55,7 +55,8 @@ pub async fn node(tag: &str) -> Node {
         format!(
             "node_name = \"{name}\"\napi_addr = \"{api}\"\ndata_dir = \"{}\"\nkubeconfig = \"{}\"\ncri_socket = \"{}\"\n\
              [sync]\nbackoff_initial_ms = 50\nbackoff_max_secs = 1\n\
-             [upgrade]\nverify_timeout_secs = 6\n",
+             [upgrade]\nverify_timeout_secs = 6\n\
+             [report]\nreconnect_jitter_secs = 2\nretry_max_secs = 4\n",
             dir.path().join("data").display(),
             kc.display(),
             socket.display()
@@ -345,6 +346,14 @@ impl Node {
             let _ = self.cri.stop_pod_sandbox(&sb.id).await;
             let _ = self.cri.remove_pod_sandbox(&sb.id).await;
         }
+    }
+}
+
+/// A test that fails panics before `clean`: its edgehub must not outlive it, running on and
+/// loading the machine for the tests after it.
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill9();
     }
 }
 

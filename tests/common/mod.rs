@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 pub fn test_config(data_dir: &Path, kubeconfig: &Path) -> Config {
     let toml =
         "[sync]\nbackoff_initial_ms = 50\nbackoff_max_secs = 1\ncursor_checkpoint_secs = 1\n\
-                request_timeout_secs = 3\nwatch_idle_timeout_secs = 3\n";
+                request_timeout_secs = 3\nwatch_idle_timeout_secs = 3\n\
+                [report]\nreconnect_jitter_secs = 1\n";
     let flags = Overrides {
         node_name: Some("edge-1".into()),
         data_dir: Some(data_dir.to_path_buf()),

@@ -3,6 +3,7 @@
 
 pub mod apiserver;
 pub mod certs;
+pub mod chaos;
 pub mod daemonset_sim;
 pub mod patch;
 mod rawclient;

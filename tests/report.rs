@@ -1,0 +1,392 @@
+//! The report back to the cloud, end to end: the edgehub binary, real containerd, the fake
+//! apiserver, and between them, where a test needs it, a TCP fault proxy. Needs root; without
+//! it these tests fail, loudly.
+//!
+//! The outbox's rules one by one (order per pod, retry, drop, park, the Event series, a
+//! restart with a full outbox) are unit tests in src/outbox/tests.rs; here they meet a link
+//! that misbehaves.
+
+mod common;
+#[path = "common/edge.rs"]
+mod edge;
+
+use edge::node;
+use edgehub::cri::CriRuntime;
+use edgehub_testsupport::chaos::{ChaosProxy, Fault};
+use edgehub_testsupport::daemonset_sim::pod_for;
+use serde_json::Value;
+use std::time::{Duration, Instant};
+
+/// The outbox as `GET /v1/status` shows it.
+fn outbox(n: &edge::Node) -> Option<Value> {
+    let (code, body) = n.http("GET", "/v1/status");
+    (code == 200)
+        .then(|| serde_json::from_str::<Value>(&body).ok())
+        .flatten()
+        .map(|v| v["outbox"].clone())
+}
+
+fn event(n: &edge::Node, pod: &str, reason: &str) -> Option<Value> {
+    n.server
+        .get("events", "vehicle", &format!("{pod}.edgehub-{reason}"))
+}
+
+/// The running containers named `name` of this node, whichever pod uid labels them (the
+/// adopted pod's restarts carry the replacement's).
+async fn running_any(n: &edge::Node, name: &str) -> Vec<edgehub::cri::api::Container> {
+    use edgehub::cri::{api, labels};
+    n.cri
+        .list_containers(std::collections::HashMap::from([(
+            labels::NODE.to_string(),
+            n.name.clone(),
+        )]))
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| {
+            c.state == api::ContainerState::ContainerRunning as i32
+                && c.labels.get(labels::CONTAINER_NAME).map(String::as_str) == Some(name)
+        })
+        .collect()
+}
+
+/// The outbox's rows, for a failure's message.
+fn outbox_rows(n: &edge::Node) -> Vec<String> {
+    let Ok(conn) = rusqlite::Connection::open_with_flags(
+        n.dir.path().join("data/edgehub.db"),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    ) else {
+        return Vec::new();
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let Ok(mut stmt) = conn.prepare(
+        "SELECT id, kind, name, attempts, next_attempt_ms, last_error, parked FROM outbox",
+    ) else {
+        return Vec::new();
+    };
+    stmt.query_map([], |r| {
+        Ok(format!(
+            "{} {} {} attempts={} due_in_ms={} parked={} error={:?}",
+            r.get::<_, i64>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, String>(2)?,
+            r.get::<_, i64>(3)?,
+            r.get::<_, i64>(4)? - now,
+            r.get::<_, i64>(6)?,
+            r.get::<_, Option<String>>(5)?,
+        ))
+    })
+    .map(|rows| rows.filter_map(Result::ok).collect())
+    .unwrap_or_default()
+}
+
+/// The pod as edgehub's cache holds it, read through a second connection.
+fn cached_pod(n: &edge::Node, name: &str) -> Option<Value> {
+    let conn = rusqlite::Connection::open_with_flags(
+        n.dir.path().join("data/edgehub.db"),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .ok()?;
+    conn.query_row(
+        "SELECT raw FROM objects WHERE kind = 'Pod' AND namespace = 'vehicle' AND name = ?1",
+        [name],
+        |r| r.get::<_, String>(0),
+    )
+    .ok()
+    .and_then(|raw| serde_json::from_str(&raw).ok())
+}
+
+/// The DaemonSet controller's stand-in: once the old pod object is deleted, it creates the
+/// replacement at the update revision, as fixtures/pods_list_after_delete.json shows.
+fn replace_when_deleted(n: &edge::Node) {
+    if n.server.get("pods", "vehicle", "telemetry-sv74m").is_none()
+        && n.server.get("pods", "vehicle", "telemetry-x7k2p").is_none()
+    {
+        let ds = n.server.get("daemonsets", "vehicle", "telemetry").unwrap();
+        let cr = n
+            .server
+            .get("controllerrevisions", "vehicle", "telemetry-55778fbb9f")
+            .unwrap();
+        n.server.apply("pods", pod_for(&ds, &cr, &n.name, "x7k2p"));
+    }
+}
+
+/// Points the node's kubeconfig at `proxy` instead of the apiserver.
+fn through(n: &edge::Node, proxy: &ChaosProxy) {
+    let kc = n.dir.path().join("kube/kubeconfig");
+    let text = std::fs::read_to_string(&kc).unwrap();
+    assert!(text.contains(&n.server.url()), "{text}");
+    std::fs::write(&kc, text.replace(&n.server.url(), &proxy.url())).unwrap();
+}
+
+/// Link chaos: between edgehub and the apiserver the link drops, stalls, resets, and the
+/// apiserver answers 500 and 429, in many short cycles, while the pod is upgraded, its
+/// sidecar crashes (status changes), and edgehub itself is killed and started again. When
+/// the link settles: the DaemonSet controller's replacement adopts the upgraded pod, each
+/// Event is there once (count 1), in the order it happened, the status in the cloud is the
+/// one the device has, and the cache equals the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_link_chaos_every_report_arrives_once_in_order() {
+    let mut n = node("chaos").await;
+    let proxy = ChaosProxy::start(n.server.addr).await.unwrap();
+    through(&n, &proxy);
+    n.start();
+    n.wait_for(60, "the pod runs", |n| async move {
+        n.running("app").await.len() == 1 && n.running("sidecar").await.len() == 1
+    })
+    .await;
+    n.server.roll_telemetry();
+    n.wait_for(30, "PodNeedUpgrade True", |n| async move {
+        n.need().is_some_and(|c| c["status"] == "True")
+    })
+    .await;
+
+    let faults = [
+        Fault::Drop,
+        Fault::Pass,
+        Fault::Stall,
+        Fault::Reset,
+        Fault::Pass,
+        Fault::Stall,
+        Fault::Drop,
+        Fault::Reset,
+    ];
+    let mut sidecar_kills = 0;
+    let mut last_kill = Instant::now();
+    let mut upgraded = false;
+    let mut restarted = false;
+    let started = Instant::now();
+    for cycle in 0..30 {
+        proxy.set(faults[cycle % faults.len()]);
+        match cycle % 4 {
+            // The apiserver itself fails some writes.
+            0 => n.server.fail_next(2, 500, None, &["/status"]),
+            1 => n.server.fail_next(2, 429, Some(1), &["/events"]),
+            _ => {}
+        }
+        if cycle == 2 {
+            let (code, body) = n.http("POST", &n.upgrade_path());
+            assert_eq!(code, 200, "{body}");
+            upgraded = true;
+        }
+        if cycle >= 3 && last_kill.elapsed() > Duration::from_secs(5) {
+            // The sidecar crashes: a new restartCount and lastState to report.
+            if let Some(c) = running_any(&n, "sidecar").await.first() {
+                n.cri.stop_container(&c.id, 0).await.unwrap();
+                sidecar_kills += 1;
+                last_kill = Instant::now();
+            }
+        }
+        if cycle == 13 {
+            // Killed with whatever is queued; started again.
+            n.kill9();
+            n.start();
+            restarted = true;
+        }
+        replace_when_deleted(&n);
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
+    assert!(
+        upgraded && restarted && sidecar_kills >= 1,
+        "{sidecar_kills} kills\n{}",
+        n.log()
+    );
+    eprintln!("chaos for {} s", started.elapsed().as_secs());
+    proxy.set(Fault::Pass);
+
+    let end = n.wait_state(60, &["Done", "RolledBack", "Failed"]).await;
+    assert_eq!(end["state"], "Done", "{end}\n{}", n.log());
+    n.wait_for(90, "edgehub deletes the old pod object", |n| async move {
+        replace_when_deleted(n);
+        n.server.get("pods", "vehicle", "telemetry-x7k2p").is_some()
+    })
+    .await;
+    let app = running_any(&n, "app").await;
+    assert_eq!(app.len(), 1);
+    let app_id = app[0].id.clone();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let p = n
+            .server
+            .get("pods", "vehicle", "telemetry-x7k2p")
+            .unwrap_or(Value::Null);
+        let cs = |name: &str| {
+            p["status"]["containerStatuses"]
+                .as_array()
+                .and_then(|a| a.iter().find(|c| c["name"] == name).cloned())
+                .unwrap_or(Value::Null)
+        };
+        let o = outbox(&n).unwrap_or(Value::Null);
+        let sidecar_restarts = running_any(&n, "sidecar")
+            .await
+            .first()
+            .and_then(|c| c.metadata.as_ref().map(|m| m.attempt))
+            .unwrap_or(u32::MAX);
+        if cs("app")["containerID"] == format!("containerd://{app_id}").as_str()
+            && cs("app")["image"] == "127.0.0.1:5000/busybox:2.0"
+            && cs("sidecar")["restartCount"] == sidecar_restarts
+            && cs("sidecar")["ready"] == true
+            && o["queued"] == 0
+            && o["parked"] == Value::Array(vec![])
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the replacement never reported what runs (sidecar attempt {sidecar_restarts}):\n\
+             {p:#}\noutbox: {o}\nrows: {:#?}\n{}",
+            outbox_rows(&n),
+            n.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // Each Event once, in the order it happened.
+    let started_ev = event(&n, "telemetry-sv74m", "upgradestarted").expect("UpgradeStarted");
+    let succeeded = event(&n, "telemetry-sv74m", "upgradesucceeded").expect("UpgradeSucceeded");
+    assert_eq!(started_ev["count"], 1, "{started_ev}");
+    assert_eq!(succeeded["count"], 1, "{succeeded}");
+    let rv = |e: &Value| {
+        e["metadata"]["resourceVersion"]
+            .as_str()
+            .and_then(|s| s.parse::<u64>().ok())
+            .unwrap()
+    };
+    assert!(
+        rv(&started_ev) < rv(&succeeded),
+        "UpgradeStarted reached the cloud first"
+    );
+
+    // The cache equals the server.
+    n.wait_for(30, "the cache holds the server's pod", |n| async move {
+        let server = n.server.get("pods", "vehicle", "telemetry-x7k2p");
+        let cached = cached_pod(n, "telemetry-x7k2p");
+        server.is_some()
+            && server.as_ref().map(|p| &p["metadata"]["resourceVersion"])
+                == cached.as_ref().map(|p| &p["metadata"]["resourceVersion"])
+            && cached_pod(n, "telemetry-sv74m").is_none()
+    })
+    .await;
+    assert_eq!(
+        running_any(&n, "app").await[0].id,
+        app_id,
+        "nothing restarted"
+    );
+    n.clean().await;
+}
+
+/// The pod is deleted in the cloud while the device is offline with reports queued for it:
+/// when the link returns its status rows are dropped (404, nobody to report to), its
+/// containers stopped, and nothing is left queued or parked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_deleted_in_the_cloud_while_offline_is_stopped_and_its_rows_dropped() {
+    let mut n = node("gone").await;
+    n.rolled_and_offline().await;
+    let (code, _) = n.http("POST", &n.upgrade_path());
+    assert_eq!(code, 200);
+    let end = n.wait_state(60, &["Done", "RolledBack", "Failed"]).await;
+    assert_eq!(end["state"], "Done", "{end}");
+    // Offline, a crash of the sidecar: one more status to report.
+    let sidecar = n.running("sidecar").await[0].id.clone();
+    n.cri.stop_container(&sidecar, 0).await.unwrap();
+    n.wait_for(30, "reports are queued", |n| async move {
+        outbox(n).is_some_and(|o| o["queued"].as_u64().unwrap_or(0) >= 2)
+    })
+    .await;
+
+    // Meanwhile in the cloud: the operator deletes the pod (and the DaemonSet, so no
+    // replacement comes).
+    n.server.remove("daemonsets", "vehicle", "telemetry");
+    n.server.remove("pods", "vehicle", "telemetry-sv74m");
+    n.server.clear_log();
+    n.server.set_offline(false).await.unwrap();
+
+    n.wait_for(60, "its containers are stopped", |n| async move {
+        n.sandboxes().await.is_empty() && n.running("app").await.is_empty()
+    })
+    .await;
+    n.wait_for(30, "nothing queued or parked", |n| async move {
+        outbox(n).is_some_and(|o| o["queued"] == 0 && o["parked"] == Value::Array(vec![]))
+    })
+    .await;
+    let patched = n
+        .server
+        .count(|r| r.resource == "pods/status" && (200..300).contains(&r.status));
+    assert_eq!(patched, 0, "no status reached a pod that is gone");
+    assert!(
+        n.server.get("pods", "vehicle", "telemetry-sv74m").is_none(),
+        "the deleted pod stays deleted"
+    );
+    n.clean().await;
+}
+
+/// A status the apiserver refuses for good (400) is parked, shown in `/v1/status` and
+/// `/metrics` with its error, and the Events queued behind it for the same pod still go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_status_does_not_hold_back_the_events_behind_it() {
+    let mut n = node("parked").await;
+    n.start();
+    n.wait_for(60, "the pod runs", |n| async move {
+        n.running("app").await.len() == 1 && n.running("sidecar").await.len() == 1
+    })
+    .await;
+    n.server.roll_telemetry();
+    n.wait_for(30, "PodNeedUpgrade True", |n| async move {
+        n.need().is_some_and(|c| c["status"] == "True")
+    })
+    .await;
+    // Every status patch of this pod is refused from now on.
+    n.server
+        .fail_next(1000, 400, None, &["telemetry-sv74m/status"]);
+    let (code, body) = n.http("POST", &n.upgrade_path());
+    assert_eq!(code, 200, "{body}");
+    let end = n.wait_state(60, &["Done", "RolledBack", "Failed"]).await;
+    assert_eq!(end["state"], "Done", "{end}");
+    n.wait_for(30, "the status row is parked", |n| async move {
+        outbox(n).is_some_and(|o| {
+            o["parked"].as_array().is_some_and(|p| {
+                p.iter()
+                    .any(|r| r["kind"] == "status" && r["name"] == "telemetry-sv74m")
+            })
+        })
+    })
+    .await;
+    n.wait_for(30, "the Events behind it arrive", |n| async move {
+        event(n, "telemetry-sv74m", "upgradestarted").is_some()
+            && event(n, "telemetry-sv74m", "upgradesucceeded").is_some()
+    })
+    .await;
+    let o = outbox(&n).unwrap();
+    let parked = o["parked"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["kind"] == "status")
+        .unwrap()
+        .clone();
+    assert!(
+        parked["error"].as_str().unwrap_or("").contains("400"),
+        "the parked row says why: {parked}"
+    );
+    let (code, metrics) = n.http("GET", "/metrics");
+    assert_eq!(code, 200);
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("edgehub_outbox_rows{state=\"parked\"}") && !l.ends_with(" 0")),
+        "{metrics}"
+    );
+    let (code, text) = {
+        let out = n.cmd(&["status"]).output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+        )
+    };
+    assert_eq!(code, Some(0));
+    assert!(text.contains("parked"), "{text}");
+    n.clean().await;
+}
