@@ -390,3 +390,57 @@ async fn a_parked_status_does_not_hold_back_the_events_behind_it() {
     assert!(text.contains("parked"), "{text}");
     n.clean().await;
 }
+
+/// `report.mode = "patch"`, for an identity allowed to patch pods (not a node's): when the
+/// link returns, the pod object keeps its uid and gets the images and the revision label it
+/// runs; nothing restarts and `PodNeedUpgrade` turns False.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn patch_mode_patches_the_images_and_the_revision_label() {
+    let mut n = node("patchmode").await;
+    // [report] is the config's last table.
+    let mut config = std::fs::read_to_string(&n.config).unwrap();
+    assert!(
+        config.trim_end().ends_with("retry_max_secs = 4"),
+        "{config}"
+    );
+    config.push_str("mode = \"patch\"\n");
+    std::fs::write(&n.config, config).unwrap();
+    let token = format!("patcher-{}", n.name);
+    n.server
+        .add_token(&token, "system:serviceaccount:kube-system:edgehub");
+    let kc = n.dir.path().join("kube/kubeconfig");
+    let text = std::fs::read_to_string(&kc).unwrap();
+    std::fs::write(&kc, text.replace(&format!("token-{}", n.name), &token)).unwrap();
+
+    n.rolled_and_offline().await;
+    let (code, _) = n.http("POST", &n.upgrade_path());
+    assert_eq!(code, 200);
+    let end = n.wait_state(60, &["Done", "RolledBack", "Failed"]).await;
+    assert_eq!(end["state"], "Done", "{end}");
+    let app = running_any(&n, "app").await[0].id.clone();
+    n.server.set_offline(false).await.unwrap();
+    n.wait_for(60, "the pod object says what runs", |n| async move {
+        n.server
+            .get("pods", "vehicle", "telemetry-sv74m")
+            .is_some_and(|p| {
+                p["metadata"]["labels"]["controller-revision-hash"] == "55778fbb9f"
+                    && p["spec"]["containers"][0]["image"] == "127.0.0.1:5000/busybox:2.0"
+            })
+    })
+    .await;
+    let p = n.server.get("pods", "vehicle", "telemetry-sv74m").unwrap();
+    assert_eq!(p["metadata"]["uid"], n.uid.as_str(), "the same pod object");
+    n.wait_for(30, "PodNeedUpgrade False, from the cache", |n| async move {
+        n.need()
+            .is_some_and(|c| c["status"] == "False" && c["reason"] == "RunningLatestRevision")
+    })
+    .await;
+    assert_eq!(running_any(&n, "app").await[0].id, app, "nothing restarted");
+    assert_eq!(
+        n.server
+            .count(|r| r.method == "DELETE" && r.resource == "pods"),
+        0,
+        "nothing deleted"
+    );
+    n.clean().await;
+}
