@@ -1,7 +1,12 @@
-//! Local API benchmark: `GET /pods` latency (p50/p99) and throughput with 100 and 1000 cached
-//! pods. Prints numbers; asserts nothing about time.
+//! Local API benchmark: `GET /pods` latency (p50/p99) with 100 and 1000 cached pods, from one
+//! client and from 16 concurrent ones, and throughput with 4 keep-alive connections. The
+//! server runs on a runtime of its own with two workers, as in `edgehub run`; the clients on
+//! another. Prints numbers and `METRIC` lines for `benches/run.sh`; asserts nothing about
+//! time.
 //!
 //! Run: `cargo bench --bench api`.
+
+mod support;
 
 use bytes::Bytes;
 use edgehub::api::{self, ApiState, Listener};
@@ -99,7 +104,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
-async fn bench(n: usize, samples: usize) {
+async fn bench(server: &tokio::runtime::Handle, n: usize, samples: usize) {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = seeded_store(dir.path(), n);
     let (_tx, link) = tokio::sync::watch::channel(LinkState::Online);
@@ -113,12 +118,15 @@ async fn bench(n: usize, samples: usize) {
         cri: ready_runtime(),
         runtime: None,
     });
-    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    tcp.set_nonblocking(true).expect("nonblocking");
+    let tcp = {
+        let _in_server = server.enter();
+        tokio::net::TcpListener::from_std(tcp).expect("listener")
+    };
     let addr = tcp.local_addr().expect("addr");
     let (_stop, rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(api::serve(Listener::Tcp(tcp), state, rx));
+    server.spawn(api::serve(Listener::Tcp(tcp), state, rx));
 
     let mut send = connect(addr).await;
     let bytes = get_pods(&mut send).await; // warm up
@@ -135,6 +143,49 @@ async fn bench(n: usize, samples: usize) {
         bytes / 1024,
         ms(percentile(&lat, 0.50)),
         ms(percentile(&lat, 0.99))
+    );
+    support::metric(
+        &format!("get_pods_p50_ms_{n}_pods"),
+        ms(percentile(&lat, 0.50)),
+        "ms",
+    );
+    support::metric(
+        &format!("get_pods_p99_ms_{n}_pods"),
+        ms(percentile(&lat, 0.99)),
+        "ms",
+    );
+
+    // 16 clients at once, each on its own keep-alive connection, each request timed.
+    let clients = 16;
+    let per_client = (samples / clients).max(10);
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        tasks.push(tokio::spawn(async move {
+            let mut send = connect(addr).await;
+            let mut lat = Vec::with_capacity(per_client);
+            for _ in 0..per_client {
+                let t = Instant::now();
+                get_pods(&mut send).await;
+                lat.push(t.elapsed());
+            }
+            lat
+        }));
+    }
+    let mut lat = Vec::new();
+    for t in tasks {
+        lat.extend(t.await.expect("task"));
+    }
+    lat.sort();
+    println!(
+        "GET /pods, {n} pods, {clients} concurrent clients: p50 {:.2} ms, p99 {:.2} ms over {} requests",
+        ms(percentile(&lat, 0.50)),
+        ms(percentile(&lat, 0.99)),
+        lat.len()
+    );
+    support::metric(
+        &format!("get_pods_p99_ms_{n}_pods_{clients}_clients"),
+        ms(percentile(&lat, 0.99)),
+        "ms",
     );
 
     let window = Duration::from_secs(3);
@@ -155,9 +206,12 @@ async fn bench(n: usize, samples: usize) {
     for t in tasks {
         total += t.await.expect("task");
     }
-    println!(
-        "GET /pods, {n} pods: {:.0} requests/s with 4 keep-alive connections",
-        total as f64 / start.elapsed().as_secs_f64()
+    let rate = total as f64 / start.elapsed().as_secs_f64();
+    println!("GET /pods, {n} pods: {rate:.0} requests/s with 4 keep-alive connections");
+    support::metric(
+        &format!("get_pods_per_s_{n}_pods_4_connections"),
+        rate,
+        "/s",
     );
 }
 
@@ -166,14 +220,20 @@ fn main() {
         println!("api benchmark: run with `cargo bench --bench api`");
         return;
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
+    // The server's runtime: two workers, as `edgehub run` builds it.
+    let server = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .expect("runtime");
-    rt.block_on(async {
-        bench(100, 500).await;
-        bench(1000, 100).await;
+        .expect("server runtime");
+    let clients = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("client runtime");
+    clients.block_on(async {
+        bench(server.handle(), 100, 500).await;
+        bench(server.handle(), 1000, 100).await;
     });
 }
 

@@ -2,14 +2,17 @@
 //! - time from a pod arriving in the cache to its container running, for 1 and 20 pods,
 //!   beside containerd's own RunPodSandbox + CreateContainer + StartContainer measured in the
 //!   same run;
-//! - RSS of `edgehub run` (the release binary) running 20 pods.
+//! - RSS of `edgehub run` running 20 pods (the static musl build when `bash cross/build.sh`
+//!   made it, else the glibc release build; see `support::edgehub_bin`). Idle RSS with pods
+//!   cached is `benches/footprint.rs`.
 //!
-//! Prints numbers; asserts nothing about time.
+//! Prints numbers and `METRIC` lines for `benches/run.sh`; asserts nothing about time.
 //!
-//! Run: `cargo build --release --bin edgehub && cargo bench --bench runtime`.
+//! Run: `bash cross/build.sh && cargo bench --bench runtime`.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+mod support;
 
 use edgehub::cri::{api, labels, CriClient, CriRuntime};
 use edgehub::object::Kind;
@@ -132,17 +135,9 @@ fn spawn_edgehub(
     dir: &Path,
     socket: &Path,
 ) -> Option<std::process::Child> {
-    // EDGEHUB_BENCH_BIN measures another build, such as the static musl one the devices run
-    // (its allocator keeps a different amount of memory).
-    let bin = std::env::var_os("EDGEHUB_BENCH_BIN")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/edgehub"));
-    if !bin.exists() {
-        println!(
-            "RSS: build the release binary first (cargo build --release --bin edgehub), or set EDGEHUB_BENCH_BIN"
-        );
-        return None;
-    }
+    // The static musl build the devices run when built, else the glibc release build, or
+    // EDGEHUB_BENCH_BIN (their allocators keep different amounts of memory).
+    let bin = support::edgehub_bin()?;
     println!("RSS of {}", bin.display());
     let kc = server
         .write_kubeconfig(&dir.join("kube"), edgehub_testsupport::NODE_TOKEN)
@@ -223,50 +218,6 @@ async fn rss_of_edgehub_with_20_pods(socket: &Path) -> Option<u64> {
     rss
 }
 
-/// DESIGN's budget: idle RSS with 100 pods cached. The pods are the recorded telemetry pod
-/// (about 5.5 KB each) under 100 names. The runtime socket does not exist, so they stay
-/// cached and not running: 100 real containers would measure containerd's shims, not
-/// edgehub.
-async fn rss_idle_with_100_pods_cached() -> Option<u64> {
-    let server = edgehub_testsupport::FakeApiServer::start()
-        .await
-        .expect("fake apiserver");
-    server.seed_recorded_cluster();
-    let recorded = server.get("pods", "vehicle", "telemetry-sv74m")?;
-    for i in 0..100 {
-        let mut p = recorded.clone();
-        p["metadata"]["name"] = json!(format!("telemetry-{i:03}"));
-        p["metadata"]["uid"] = json!(format!("idle-{i:03}"));
-        server.apply("pods", p);
-    }
-    let dir = tempfile::tempdir().expect("tempdir");
-    let child = spawn_edgehub(&server, dir.path(), &dir.path().join("no-runtime.sock"))?;
-    let db = dir.path().join("data/edgehub.db");
-    let cached = || {
-        rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-            .and_then(|c| {
-                c.query_row("SELECT count(*) FROM objects WHERE kind = 'Pod'", [], |r| {
-                    r.get::<_, i64>(0)
-                })
-            })
-            .unwrap_or(0)
-    };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while cached() < 102 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    // Idle: the sync is watching, the pod sources are fetched, nothing else happens.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let rss = vm_rss_kib(child.id());
-    let n = cached();
-    stop(child);
-    println!(
-        "edgehub run idle with {n} pods cached (runtime absent): VmRSS {} KiB",
-        rss.unwrap_or(0)
-    );
-    rss
-}
-
 fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         println!("runtime benchmark: run with `cargo bench --bench runtime` (root, containerd test stack)");
@@ -291,8 +242,25 @@ fn main() {
                 (eh.as_secs_f64() - raw.as_secs_f64()) * 1000.0,
                 (eh.as_secs_f64() - raw.as_secs_f64()) * 1000.0 / n as f64
             );
+            let suffix = if n == 1 { "_1_pod" } else { "" };
+            support::metric(
+                &format!("pod_start_overhead_ms_per_pod{suffix}"),
+                (eh.as_secs_f64() - raw.as_secs_f64()) * 1000.0 / n as f64,
+                "ms",
+            );
+            support::metric(
+                &format!("pod_start_ms_{n}_pods"),
+                eh.as_secs_f64() * 1000.0,
+                "ms",
+            );
+            support::metric(
+                &format!("containerd_start_ms_{n}_pods"),
+                raw.as_secs_f64() * 1000.0,
+                "ms",
+            );
         }
-        rss_of_edgehub_with_20_pods(&socket).await;
-        rss_idle_with_100_pods_cached().await;
+        if let Some(kib) = rss_of_edgehub_with_20_pods(&socket).await {
+            support::metric("rss_kib_20_running_pods", kib as f64, "KiB");
+        }
     });
 }

@@ -7,10 +7,12 @@
 //! - restart latency of a killed container, with another pod's image pull hanging and
 //!   without.
 //!
-//! Prints numbers; asserts nothing about time. Run: `cargo bench --bench runtime_behaviour`.
+//! Prints numbers and `METRIC` lines for `benches/run.sh`; asserts nothing about time.
+//! Run: `cargo bench --bench runtime_behaviour`.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+mod support;
 
 use edgehub::cri::{api, labels, CriClient, CriRuntime};
 use edgehub::object::Kind;
@@ -374,6 +376,8 @@ fn main() {
             lag.as_millis(),
             eh - raw
         );
+        support::metric("pod_ready_with_sources_ms", eh, "ms");
+        support::metric("pod_ready_overhead_ms", eh - raw, "ms");
 
         let pods = 5;
         let counts = idle_minute(&socket, pods).await;
@@ -383,6 +387,11 @@ fn main() {
             total as f64 / pods as f64,
             counts.0
         );
+        support::metric(
+            "apiserver_requests_per_pod_per_idle_minute",
+            total as f64 / pods as f64,
+            "",
+        );
 
         let (mut quiet, mut busy) = (Vec::new(), Vec::new());
         for round in 0..3 {
@@ -391,8 +400,10 @@ fn main() {
         }
         println!(
             "restart of a killed container (backoff 100 ms): median {:.0} ms alone, {:.0} ms while another pod's pull hangs (3 rounds each)",
-            median(quiet),
-            median(busy)
+            median(quiet.clone()),
+            median(busy.clone())
         );
+        support::metric("restart_ms_alone", median(quiet), "ms");
+        support::metric("restart_ms_beside_hanging_pull", median(busy), "ms");
     });
 }

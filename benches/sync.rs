@@ -5,7 +5,11 @@
 //! - initial sync time of 100 and 1000 pods, end to end;
 //! - bytes written to the database per 1000 unchanged events and per 1000 bookmarks.
 //!
+//! Prints `METRIC` lines for `benches/run.sh` too.
+//!
 //! Run: `cargo bench --bench sync` (release build).
+
+mod support;
 
 use edgehub::config::{Config, Overrides};
 use edgehub::kube::ApiClient;
@@ -109,6 +113,7 @@ fn store_only(t: &Value) {
     }
     let secs = start.elapsed().as_secs_f64();
     println!("store: {n} MODIFIED events ({bytes} B pods, 3 containers), one fsync'd transaction each: {:.0} events/s", n as f64 / secs);
+    support::metric("store_events_per_s", n as f64 / secs, "/s");
 
     // No-op events: the same object again, 1000 times.
     let same = StoredObject::from_raw(Kind::Pod, {
@@ -137,6 +142,9 @@ fn store_only(t: &Value) {
         disk_bytes(&db) - before,
         io.map_or("n/a".into(), |b| b.to_string())
     );
+    if let Some(b) = io {
+        support::metric("bytes_written_per_1000_unchanged_events", b as f64, "B");
+    }
 }
 
 async fn end_to_end(t: &Value, pods: usize) {
@@ -155,10 +163,9 @@ async fn end_to_end(t: &Value, pods: usize) {
     let start = Instant::now();
     let sync = Sync::spawn(&cfg, client(&cfg), store.clone(), rx);
     wait_for(|| store.count(Kind::Pod).unwrap_or(0) == pods as u64).await;
-    println!(
-        "initial sync of {pods} pods over TLS into SQLite: {:.0} ms",
-        start.elapsed().as_secs_f64() * 1000.0
-    );
+    let ms = start.elapsed().as_secs_f64() * 1000.0;
+    println!("initial sync of {pods} pods over TLS into SQLite: {ms:.0} ms");
+    support::metric(&format!("initial_sync_ms_{pods}_pods"), ms, "ms");
 
     if pods == 100 {
         // Watch throughput: 1000 modifications streamed through the reflector.
@@ -192,6 +199,7 @@ async fn end_to_end(t: &Value, pods: usize) {
             secs * 1000.0,
             n as f64 / secs
         );
+        support::metric("watch_events_per_s_end_to_end", n as f64 / secs, "/s");
 
         // Bookmarks: 1000 of them, nothing to write.
         server.set_bookmark_interval(Duration::from_millis(1));
@@ -206,6 +214,9 @@ async fn end_to_end(t: &Value, pods: usize) {
             disk_bytes(&cfg.db_path()) - before,
             io.map_or("n/a".into(), |b| b.to_string())
         );
+        if let Some(b) = io {
+            support::metric("bytes_written_per_1000_bookmarks", b as f64, "B");
+        }
     }
     let _ = tx.send(true);
     sync.join().await;

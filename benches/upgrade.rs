@@ -3,12 +3,14 @@
 //! probe), beside containerd's own work for the same swap in the same run: create the new
 //! container, stop the old one (with the pod's grace period, 5 s at most), start the new one.
 //!
-//! Prints numbers; asserts nothing about time. Run: `cargo bench --bench upgrade`.
+//! Prints numbers and `METRIC` lines for `benches/run.sh`; asserts nothing about time.
+//! Run: `cargo bench --bench upgrade`.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
 #[path = "../tests/common/edge.rs"]
 mod edge;
+mod support;
 
 use edgehub::cri::{api, labels, CriClient, CriRuntime};
 use std::collections::HashMap;
@@ -121,5 +123,8 @@ fn main() {
             eh.len(),
             e - r
         );
+        support::metric("upgrade_ms", e, "ms");
+        support::metric("upgrade_containerd_ms", r, "ms");
+        support::metric("upgrade_overhead_ms", e - r, "ms");
     });
 }

@@ -41,6 +41,14 @@ impl Default for BackoffPolicy {
     }
 }
 
+/// Whether network backoffs are jittered: always, except when the test-only
+/// `EDGEHUB_TEST_BACKOFF_JITTER=0` is set, so `benches/fleet.rs` can show the apiserver what a
+/// fleet reconnecting in lockstep would look like. Read once per process.
+fn network_jitter() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("EDGEHUB_TEST_BACKOFF_JITTER").is_none_or(|v| v != "0"))
+}
+
 /// A running backoff: counts failures and hands out the next wait.
 #[derive(Debug, Clone)]
 pub struct Backoff {
@@ -55,7 +63,7 @@ impl Backoff {
         Backoff {
             policy: BackoffPolicy { initial, max },
             failures: 0,
-            jitter: true,
+            jitter: network_jitter(),
         }
     }
 

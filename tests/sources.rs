@@ -49,7 +49,7 @@ async fn env() -> Env {
 
 async fn refresh(e: &mut Env) -> edgehub::sources::fetch::FetchStats {
     let pods = e.store.list(Kind::Pod).unwrap();
-    let refs = edgehub::sources::fetch::pod_references(&pods);
+    let refs = edgehub::sources::fetch::pod_references(pods);
     e.fetcher.refresh(&refs).await.unwrap()
 }
 

@@ -18,6 +18,7 @@ use super::{decode_data, references, Data, SourceRef, Sources};
 use crate::backoff::Backoff;
 use crate::kube::resource::{CONFIGMAPS, SECRETS, SERVICE_ACCOUNTS};
 use crate::kube::{ApiClient, KubeError, ListParams, Resource, WatchEvent};
+use crate::object::ObjectIndex;
 use crate::store::{CachedSource, CachedToken, Store, StoreError, StoredObject};
 use serde_json::Value;
 use std::collections::{HashMap, HashSet};
@@ -72,10 +73,10 @@ pub fn token_due(now_ms: i64, issued_ms: i64, expires_ms: i64) -> bool {
 }
 
 /// The TokenRequest body for a pod's projected token.
-pub fn token_request(pod: &StoredObject, audience: &str, expiration_secs: i64) -> Value {
+pub fn token_request(pod: &ObjectIndex, audience: &str, expiration_secs: i64) -> Value {
     let mut spec = serde_json::json!({
         "expirationSeconds": expiration_secs,
-        "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod.index.name, "uid": pod.index.uid},
+        "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "uid": pod.uid},
     });
     if !audience.is_empty() {
         spec["audiences"] = serde_json::json!([audience]);
@@ -238,7 +239,9 @@ impl Fetcher {
                     continue;
                 }
             };
-            let refs = pod_references(&pods);
+            // Only the pods' indexes and references stay for the refresh, which awaits the
+            // apiserver: the pods' JSON is dropped here, not held across those requests.
+            let refs = pod_references(pods);
             match self.refresh(&refs).await {
                 Ok(st) => {
                     if st.offline != offline {
@@ -318,21 +321,21 @@ impl Fetcher {
     /// tokens no cached pod references any more.
     pub async fn refresh(
         &mut self,
-        pods: &[(&StoredObject, Vec<SourceRef>)],
+        pods: &[(ObjectIndex, Vec<SourceRef>)],
     ) -> Result<FetchStats, StoreError> {
         let mut st = FetchStats::default();
         let mut referenced: HashSet<Key> = HashSet::new();
         let mut uids = Vec::new();
         for (pod, refs) in pods {
-            uids.push(pod.index.uid.as_str());
-            let ns = &pod.index.namespace;
+            uids.push(pod.uid.as_str());
+            let ns = &pod.namespace;
             for r in refs {
                 match &r {
                     SourceRef::ConfigMap { name } | SourceRef::Secret { name } => {
                         let key: Key = (r.kind().into(), ns.clone(), name.clone());
                         referenced.insert(key.clone());
                         let watched = self.watches.get(&key).is_some_and(|w| !w.is_finished());
-                        if st.offline || pod.index.deleting || watched || !self.due(&key) {
+                        if st.offline || pod.deleting || watched || !self.due(&key) {
                             continue;
                         }
                         match read_one(&self.client, &key).await {
@@ -365,7 +368,7 @@ impl Fetcher {
                         audience,
                         expiration_secs,
                     } => {
-                        if st.offline || pod.index.deleting {
+                        if st.offline || pod.deleting {
                             continue;
                         }
                         if self
@@ -402,7 +405,7 @@ impl Fetcher {
     /// new one was cached.
     async fn token(
         &mut self,
-        pod: &StoredObject,
+        pod: &ObjectIndex,
         service_account: &str,
         audience: &str,
         expiration_secs: i64,
@@ -410,12 +413,10 @@ impl Fetcher {
     ) -> Result<bool, StoreError> {
         let key: Key = (
             "token".into(),
-            pod.index.uid.clone(),
+            pod.uid.clone(),
             format!("{audience}/{expiration_secs}"),
         );
-        let cached = self
-            .store
-            .get_token(&pod.index.uid, audience, expiration_secs)?;
+        let cached = self.store.get_token(&pod.uid, audience, expiration_secs)?;
         let now = crate::time::now_ms();
         let needed = cached
             .as_ref()
@@ -424,7 +425,7 @@ impl Fetcher {
             return Ok(false);
         }
         let body = token_request(pod, audience, expiration_secs);
-        let ns = &pod.index.namespace;
+        let ns = &pod.namespace;
         match self
             .client
             .create_sub(
@@ -440,7 +441,7 @@ impl Fetcher {
                 let v: Value = serde_json::from_str(&resp).unwrap_or(Value::Null);
                 let Some(token) = v.pointer("/status/token").and_then(Value::as_str) else {
                     st.failed += 1;
-                    tracing::warn!(pod = %pod.index.name, "TokenRequest answer has no token");
+                    tracing::warn!(pod = %pod.name, "TokenRequest answer has no token");
                     return Ok(false);
                 };
                 let expires_ms = v
@@ -450,14 +451,14 @@ impl Fetcher {
                     .map(|s| s * 1000)
                     .unwrap_or(now + expiration_secs * 1000);
                 self.store.put_token(&CachedToken {
-                    pod_uid: pod.index.uid.clone(),
+                    pod_uid: pod.uid.clone(),
                     audience: audience.to_string(),
                     expiration_secs,
                     token: token.to_string(),
                     issued_ms: now,
                     expires_ms,
                 })?;
-                tracing::info!(pod = %pod.index.name, namespace = %ns, service_account = %service_account,
+                tracing::info!(pod = %pod.name, namespace = %ns, service_account = %service_account,
                     expires_in_s = (expires_ms - now) / 1000, "service-account token cached");
                 self.succeeded(&key);
                 Ok(true)
@@ -475,14 +476,17 @@ impl Fetcher {
     }
 }
 
-/// What each pod references. Each pod is parsed and dropped in turn: a parsed 5 KB pod is
-/// about 45 KB of `Value`, and holding 100 of them at once was most of edgehub's peak heap.
-pub fn pod_references(pods: &[StoredObject]) -> Vec<(&StoredObject, Vec<SourceRef>)> {
-    pods.iter()
+/// What each pod references, beside its index. Each pod is parsed and dropped in turn: a
+/// parsed 5 KB pod is about 45 KB of `Value`, and holding 100 of them at once was most of
+/// edgehub's peak heap. The JSON goes too: the refresh that follows awaits the apiserver,
+/// and 1000 pods' JSON held meanwhile was 5.5 MB.
+pub fn pod_references(pods: Vec<StoredObject>) -> Vec<(ObjectIndex, Vec<SourceRef>)> {
+    pods.into_iter()
         .filter_map(|p| {
-            serde_json::from_str::<Value>(&p.raw)
+            let refs = serde_json::from_str::<Value>(&p.raw)
                 .ok()
-                .map(|v| (p, references(&v)))
+                .map(|v| references(&v))?;
+            Some((p.index, refs))
         })
         .collect()
 }

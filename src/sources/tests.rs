@@ -168,7 +168,7 @@ fn the_token_request_is_the_recorded_one() {
     };
     let (audience, exp) =
         token_params(&raw["spec"]["volumes"][2]["projected"]["sources"][0]["serviceAccountToken"]);
-    assert_eq!(token_request(&pod, &audience, exp), recorded);
-    let with_audience = token_request(&pod, "vault", 600);
+    assert_eq!(token_request(&pod.index, &audience, exp), recorded);
+    let with_audience = token_request(&pod.index, "vault", 600);
     assert_eq!(with_audience["spec"]["audiences"], json!(["vault"]));
 }

@@ -101,6 +101,17 @@ pub fn list(conn: &Connection, kind: Kind) -> Result<Vec<StoredObject>, StoreErr
     rows.map(|r| fix_kind(r?)).collect()
 }
 
+/// The index of every object of `kind`, without reading the JSON (an empty `raw`).
+pub fn list_index(conn: &Connection, kind: Kind) -> Result<Vec<ObjectIndex>, StoreError> {
+    let sql = format!(
+        "SELECT {} FROM objects WHERE kind = ?1 ORDER BY namespace, name",
+        COLUMNS.replace("raw,", "'' AS raw,")
+    );
+    let mut stmt = conn.prepare_cached(&sql)?;
+    let rows = stmt.query_map(params![kind.as_str()], row_to_object)?;
+    rows.map(|r| fix_kind(r?).map(|o| o.index)).collect()
+}
+
 pub fn list_owned(
     conn: &Connection,
     kind: Kind,

@@ -166,20 +166,20 @@ impl<R: CriRuntime + 'static> Engine<R> {
             return Ok(());
         }
         let mut decider = Decider::new(&self.store);
-        for pod in self.store.list(Kind::Pod)? {
-            let need = decider.decide(&pod.index)?;
+        for pod in self.store.list_index(Kind::Pod)? {
+            let need = decider.decide(&pod)?;
             let Some(target) = need.target().filter(|_| need.needed()) else {
                 continue;
             };
-            if self.store.pull_requested(&pod.index.uid, target)? {
+            if self.store.pull_requested(&pod.uid, target)? {
                 continue;
             }
             let req = crate::store::NewRequest {
                 kind: RequestKind::ImagePull,
-                pod_uid: &pod.index.uid,
-                namespace: &pod.index.namespace,
-                name: &pod.index.name,
-                from_hash: pod.index.revision_hash.as_deref(),
+                pod_uid: &pod.uid,
+                namespace: &pod.namespace,
+                name: &pod.name,
+                from_hash: pod.revision_hash.as_deref(),
                 to_hash: target,
             };
             if let crate::store::Recorded::New(r) = self.store.record_request(&req)? {

@@ -1,0 +1,271 @@
+//! A fleet reconnecting, as the apiserver sees it: 50 `edgehub run` processes (the runtime
+//! absent, each with its own node name, token, data dir and two DaemonSet pods) against one
+//! fake apiserver. Their link is cut for 2 minutes while the cluster changes (the `telemetry`
+//! DaemonSet rolls: a new ControllerRevision and a modified DaemonSet; every pod is modified),
+//! then restored. Counted at the server from the restore on: requests per device, LISTs among
+//! them, the peak requests per second, and when every device had caught up; the same
+//! minus what an idle fleet sends in as long (Lease renewals).
+//!
+//! Two fleets run side by side, one with the reflectors' reconnect jitter and one with it
+//! turned off (`EDGEHUB_TEST_BACKOFF_JITTER=0`, a test-only knob, and the outbox's
+//! `[report] reconnect_jitter_secs = 0`), each against its own apiserver, so the comparison
+//! costs one window, not two.
+//!
+//! Knobs: `EDGEHUB_FLEET_DEVICES` (50), `EDGEHUB_FLEET_OFFLINE_SECS` (120).
+//! Prints numbers and `METRIC` lines for `benches/run.sh`; asserts nothing about time.
+//! Run: `bash cross/build.sh && cargo bench --bench fleet`.
+
+mod support;
+
+use edgehub_testsupport::FakeApiServer;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+use support::{metric, Edge};
+
+/// After the restore: longer than the reflectors' 60 s backoff cap, so every device has
+/// retried once.
+const AFTER: Duration = Duration::from_secs(80);
+/// The idle window the Lease renewals are measured in, before the cut.
+const IDLE: Duration = Duration::from_secs(20);
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+struct Outcome {
+    devices: usize,
+    total: usize,
+    idle_per_device: f64,
+    lists: usize,
+    peak_per_s: usize,
+    peak_at_s: u64,
+    converged_s: Option<f64>,
+    by_verb: BTreeMap<(String, String), usize>,
+    /// Requests per second over the window, for the printout.
+    per_second: Vec<usize>,
+}
+
+fn pod_changed(e: &Edge) -> i64 {
+    support::query_count(
+        &e.db(),
+        "SELECT count(*) FROM objects WHERE kind = 'Pod' AND raw LIKE ?1",
+        "%fleet/changed%",
+    )
+}
+
+fn lease_of(server: &FakeApiServer, node: &str) -> bool {
+    server.get("leases", "kube-node-lease", node).is_some()
+}
+
+async fn fleet(bin: &Path, devices: usize, offline: Duration, jitter: bool) -> Option<Outcome> {
+    let tag = if jitter { "j" } else { "s" };
+    let server = support::recorded_server().await;
+    let gateway = server
+        .get("pods", "vehicle", "gateway-v9hb2")
+        .expect("recorded gateway pod");
+    let names: Vec<String> = (0..devices).map(|i| format!("fleet-{tag}{i:02}")).collect();
+    for n in &names {
+        server.apply(
+            "pods",
+            support::telemetry_pod(&server, n, &format!("telemetry-{n}"), &format!("t-{n}")),
+        );
+        let mut g = gateway.clone();
+        g["metadata"]["name"] = json!(format!("gateway-{n}"));
+        g["metadata"]["uid"] = json!(format!("g-{n}"));
+        g["spec"]["nodeName"] = json!(n);
+        server.apply("pods", g);
+    }
+    for name in ["telemetry-sv74m", "gateway-v9hb2"] {
+        server.remove("pods", "vehicle", name);
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("no-runtime.sock");
+    // Without jitter: the reflectors' backoffs (a test-only knob) and the outbox's wait
+    // before it drains (`[report] reconnect_jitter_secs`, 30 s by default).
+    let (env, extra): (&[(&str, &str)], &str) = if jitter {
+        (&[], "")
+    } else {
+        (
+            &[("EDGEHUB_TEST_BACKOFF_JITTER", "0")],
+            "[report]\nreconnect_jitter_secs = 0\n",
+        )
+    };
+    let mut edges: Vec<Edge> = names
+        .iter()
+        .map(|n| Edge::prepare(&server, bin, &dir.path().join(n), n, &socket, extra))
+        .collect();
+    for e in &mut edges {
+        e.start(env);
+    }
+    let up = support::wait_for(180, || {
+        edges
+            .iter()
+            .all(|e| e.cached("Pod") == 2 && e.cached("ControllerRevision") == 2)
+            && names.iter().all(|n| lease_of(&server, n))
+    })
+    .await;
+    if !up {
+        println!("  fleet ({tag}): not all {devices} devices synced after 180 s");
+        return None;
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    server.clear_log();
+    tokio::time::sleep(IDLE).await;
+    let idle_per_device =
+        server.requests().len() as f64 / devices as f64 * AFTER.as_secs_f64() / IDLE.as_secs_f64();
+
+    // The cut, and the cluster changing meanwhile.
+    let cut = Instant::now();
+    server.set_offline(true).await.expect("offline");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    server.roll_telemetry();
+    for n in &names {
+        for pod in [format!("telemetry-{n}"), format!("gateway-{n}")] {
+            server.modify("pods", "vehicle", &pod, |p| {
+                p["metadata"]["annotations"]["fleet/changed"] = json!("1");
+            });
+        }
+    }
+    tokio::time::sleep(offline.saturating_sub(cut.elapsed())).await;
+    server.clear_log();
+    server.set_offline(false).await.expect("online");
+    let restored = Instant::now();
+    let mut converged_s = None;
+    while restored.elapsed() < AFTER {
+        if converged_s.is_none()
+            && edges
+                .iter()
+                .all(|e| pod_changed(e) == 2 && e.cached("ControllerRevision") == 3)
+        {
+            converged_s = Some(restored.elapsed().as_secs_f64());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let log = server.requests();
+    for e in &mut edges {
+        e.stop();
+    }
+    let mut per_second = vec![0usize; AFTER.as_secs() as usize + 1];
+    for r in &log {
+        let s = r.at.saturating_duration_since(restored).as_secs() as usize;
+        if let Some(c) = per_second.get_mut(s) {
+            *c += 1;
+        }
+    }
+    let (peak_at_s, peak_per_s) = per_second
+        .iter()
+        .enumerate()
+        .max_by_key(|(_, c)| **c)
+        .map(|(s, c)| (s as u64, *c))
+        .unwrap_or((0, 0));
+    let mut by_verb = BTreeMap::new();
+    for r in &log {
+        *by_verb
+            .entry((r.verb.to_string(), r.resource.clone()))
+            .or_insert(0) += 1;
+    }
+    Some(Outcome {
+        devices,
+        total: log.len(),
+        idle_per_device,
+        lists: log.iter().filter(|r| r.verb == "list").count(),
+        peak_per_s,
+        peak_at_s,
+        converged_s,
+        by_verb,
+        per_second,
+    })
+}
+
+fn report(o: &Outcome, jitter: bool) {
+    let label = if jitter {
+        "with jitter"
+    } else {
+        "without jitter"
+    };
+    let suffix = if jitter { "" } else { "_no_jitter" };
+    let per_device = o.total as f64 / o.devices as f64;
+    println!(
+        "fleet of {} after a {}-minute cut, {label}: {} requests in the {} s after the restore, {per_device:.1} per device ({:.1} of them what an idle device sends in as long); {} LIST; peak {} requests/s at the server ({} s after the restore); every device caught up after {}",
+        o.devices,
+        env_or("EDGEHUB_FLEET_OFFLINE_SECS", 120) / 60,
+        o.total,
+        AFTER.as_secs(),
+        o.idle_per_device,
+        o.lists,
+        o.peak_per_s,
+        o.peak_at_s,
+        o.converged_s
+            .map_or("never, within the window".into(), |s| format!("{s:.1} s"))
+    );
+    println!("  by verb: {:?}", o.by_verb);
+    println!(
+        "  requests per second after the restore: {:?}",
+        o.per_second
+    );
+    metric(
+        &format!("apiserver_requests_per_device_link_flap{suffix}"),
+        per_device,
+        "",
+    );
+    metric(
+        &format!("apiserver_requests_per_device_link_flap_net_of_idle{suffix}"),
+        per_device - o.idle_per_device,
+        "",
+    );
+    metric(
+        &format!("apiserver_lists_per_device_link_flap{suffix}"),
+        o.lists as f64 / o.devices as f64,
+        "",
+    );
+    metric(
+        &format!(
+            "apiserver_peak_requests_per_s_{}_devices{suffix}",
+            o.devices
+        ),
+        o.peak_per_s as f64,
+        "/s",
+    );
+    if let Some(s) = o.converged_s {
+        metric(&format!("fleet_caught_up_s{suffix}"), s, "s");
+    }
+}
+
+fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("fleet benchmark: run with `cargo bench --bench fleet`");
+        return;
+    }
+    let Some(bin) = support::edgehub_bin() else {
+        return;
+    };
+    let devices = env_or("EDGEHUB_FLEET_DEVICES", 50) as usize;
+    let offline = Duration::from_secs(env_or("EDGEHUB_FLEET_OFFLINE_SECS", 120));
+    println!(
+        "binary: {}; {devices} devices per fleet, link cut for {} s",
+        bin.display(),
+        offline.as_secs()
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let (jittered, steady) = tokio::join!(
+            fleet(&bin, devices, offline, true),
+            fleet(&bin, devices, offline, false)
+        );
+        if let Some(o) = jittered {
+            report(&o, true);
+        }
+        if let Some(o) = steady {
+            report(&o, false);
+        }
+    });
+}

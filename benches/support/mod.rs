@@ -1,0 +1,274 @@
+//! What the benchmarks that run the `edgehub` binary share: which binary, starting it against
+//! the fake apiserver with a node identity of its own, reading its memory and I/O from /proc,
+//! one plain HTTP request to its local API, and the machine-readable lines
+//! `benches/run.sh` collects.
+#![allow(dead_code)]
+
+use edgehub_testsupport::FakeApiServer;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// One number for `benches/run.sh`: a line `METRIC <key> <value> <unit>`. A key printed more
+/// than once (one line per sample, or one per run of the bench) is reported as the median.
+pub fn metric(key: &str, value: f64, unit: &str) {
+    println!("METRIC {key} {value} {unit}");
+}
+
+/// The binary to measure: `EDGEHUB_BENCH_BIN`, else the static x86_64 musl build devices run
+/// (`bash cross/build.sh`), else the glibc release build. Its memory depends on the libc's
+/// allocator, so the bench says which one it ran.
+pub fn edgehub_bin() -> Option<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let candidates: Vec<PathBuf> = match std::env::var_os("EDGEHUB_BENCH_BIN") {
+        Some(b) => vec![PathBuf::from(b)],
+        None => vec![
+            root.join("target/x86_64-unknown-linux-musl/release/edgehub"),
+            root.join("target/release/edgehub"),
+        ],
+    };
+    let found = candidates.into_iter().find(|p| p.exists());
+    if found.is_none() {
+        println!(
+            "no edgehub binary: run `bash cross/build.sh` (or `cargo build --release --bin edgehub`), or set EDGEHUB_BENCH_BIN"
+        );
+    }
+    found
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// The recorded telemetry pod (two containers, a ConfigMap volume, the projected token; about
+/// 5.5 KB) bound to `node` as `name`.
+pub fn telemetry_pod(server: &FakeApiServer, node: &str, name: &str, uid: &str) -> Value {
+    let mut p = server
+        .get("pods", "vehicle", "telemetry-sv74m")
+        .expect("the recorded cluster is seeded");
+    p["metadata"]["name"] = json!(name);
+    p["metadata"]["uid"] = json!(uid);
+    p["spec"]["nodeName"] = json!(node);
+    p
+}
+
+/// A fake apiserver with the recorded cluster (DaemonSets, revisions, the ConfigMaps the pods
+/// reference) and no pods yet.
+pub async fn recorded_server() -> FakeApiServer {
+    let server = FakeApiServer::start().await.expect("fake apiserver");
+    server.seed_recorded_cluster();
+    server
+}
+
+/// Adds `n` copies of the telemetry pod bound to `node`, then removes the recorded pods.
+pub fn seed_pods(server: &FakeApiServer, node: &str, n: usize) {
+    for i in 0..n {
+        let p = telemetry_pod(
+            server,
+            node,
+            &format!("telemetry-{node}-{i:04}"),
+            &format!("{node}-{i:04}"),
+        );
+        server.apply("pods", p);
+    }
+    for name in ["telemetry-sv74m", "gateway-v9hb2"] {
+        server.remove("pods", "vehicle", name);
+    }
+}
+
+/// One `edgehub run`: its own node name (with a token for that identity), data dir, local API
+/// port and config file.
+pub struct Edge {
+    pub name: String,
+    pub dir: PathBuf,
+    pub api: String,
+    pub config: PathBuf,
+    pub child: Option<Child>,
+    bin: PathBuf,
+}
+
+impl Edge {
+    /// Writes the config (`extra` is appended: TOML sections) without starting it.
+    pub fn prepare(
+        server: &FakeApiServer,
+        bin: &Path,
+        dir: &Path,
+        name: &str,
+        cri_socket: &Path,
+        extra: &str,
+    ) -> Edge {
+        let token = format!("token-{name}");
+        server.add_token(&token, &format!("system:node:{name}"));
+        std::fs::create_dir_all(dir).expect("edge dir");
+        let kc = server
+            .write_kubeconfig(&dir.join("kube"), &token)
+            .expect("kubeconfig");
+        let api = format!("127.0.0.1:{}", free_port());
+        let config = dir.join("config.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "node_name = \"{name}\"\napi_addr = \"{api}\"\ndata_dir = \"{}\"\nkubeconfig = \"{}\"\ncri_socket = \"{}\"\n{extra}",
+                dir.join("data").display(),
+                kc.display(),
+                cri_socket.display()
+            ),
+        )
+        .expect("config");
+        Edge {
+            name: name.into(),
+            dir: dir.into(),
+            api,
+            config,
+            child: None,
+            bin: bin.into(),
+        }
+    }
+
+    /// Starts `edgehub run`, its log in `edgehub.log`; `env` is added to its environment.
+    pub fn start(&mut self, env: &[(&str, &str)]) -> Instant {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("edgehub.log"))
+            .expect("log file");
+        let mut cmd = Command::new(&self.bin);
+        cmd.arg("--config")
+            .arg(&self.config)
+            .arg("run")
+            .stdout(Stdio::null())
+            .stderr(log);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let t = Instant::now();
+        self.child = Some(cmd.spawn().expect("edgehub starts"));
+        t
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(Child::id).unwrap_or(0)
+    }
+
+    pub fn db(&self) -> PathBuf {
+        self.dir.join("data/edgehub.db")
+    }
+
+    /// Cached objects of `kind`, read from the database file beside the running process.
+    pub fn cached(&self, kind: &str) -> i64 {
+        count_rows(&self.db(), kind)
+    }
+
+    /// SIGTERM, then wait for the exit.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: kill(2) has no memory-safety preconditions; the pid is our own child,
+            // not yet waited for, so it cannot have been reused.
+            unsafe {
+                libc::kill(c.id() as i32, libc::SIGTERM);
+            }
+            let _ = c.wait();
+        }
+    }
+
+    /// One request to the local API: status code (0 when it cannot connect) and body.
+    pub fn http(&self, method: &str, path: &str) -> (u16, String) {
+        http(&self.api, method, path)
+    }
+}
+
+impl Drop for Edge {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+pub fn count_rows(db: &Path, kind: &str) -> i64 {
+    query_count(db, "SELECT count(*) FROM objects WHERE kind = ?1", kind)
+}
+
+/// A `count(*)` query with one parameter on a database another process writes (0 when it
+/// cannot be read yet).
+pub fn query_count(db: &Path, sql: &str, param: &str) -> i64 {
+    rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .and_then(|c| c.query_row(sql, [param], |r| r.get::<_, i64>(0)))
+        .unwrap_or(0)
+}
+
+/// One HTTP/1.1 request with `Connection: close`.
+pub fn http(addr: &str, method: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
+        return (0, String::new());
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(30)));
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    if s.write_all(req.as_bytes()).is_err() {
+        return (0, String::new());
+    }
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let code = out
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    (code, body)
+}
+
+/// A field of /proc/PID/status in KiB (`VmRSS`, `VmHWM`).
+pub fn proc_status_kib(pid: u32, field: &str) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// Threads of the process.
+pub fn threads(pid: u32) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// `write_bytes` of /proc/PID/io: what the process caused to be written to storage.
+pub fn io_write_bytes(pid: u32) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/io"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("write_bytes:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+pub fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Polls `f` every 50 ms for up to `secs`; whether it became true.
+pub async fn wait_for(secs: u64, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    true
+}
