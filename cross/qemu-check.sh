@@ -66,9 +66,9 @@ echo "clean shutdown"
 log "aarch64 tests under qemu"
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_MUSL_RUNNER=$qemu
 # The library's unit tests and the integration tests, except those that spawn the edgehub
-# binary (tests/cli.rs, tests/yocto.rs, tests/logs.rs, tests/upgrade.rs, and tests/demo.rs
-# through the demo): an aarch64 child process needs binfmt_misc, which these machines do not
-# register.
+# binary (tests/cli.rs, tests/yocto.rs, tests/logs.rs, tests/upgrade.rs, tests/report.rs, and
+# tests/demo.rs through the demo): an aarch64 child process needs binfmt_misc, which these
+# machines do not register.
 cargo zigbuild --locked --quiet -p edgehub --target "$t" --tests --message-format=json 2>/dev/null |
     python3 -c '
 import json, sys
@@ -79,7 +79,7 @@ for line in sys.stdin:
         continue
     if m.get("reason") != "compiler-artifact" or not m.get("executable") or not m["profile"]["test"]:
         continue
-    if m["target"]["kind"] == ["bin"] or m["target"]["name"] in ("cli", "yocto", "logs", "demo", "upgrade"):
+    if m["target"]["kind"] == ["bin"] or m["target"]["name"] in ("cli", "yocto", "logs", "demo", "upgrade", "report"):
         continue
     print(m["executable"])
 ' >"$work/tests"
