@@ -29,6 +29,18 @@ impl BackoffPolicy {
         self.initial.saturating_mul(factor).min(self.max)
     }
 
+    /// A network wait after `failures` consecutive failures, jittered into the upper half of
+    /// its ceiling (it never collapses to zero, so a persisted retry always waits a little).
+    /// Unjittered under the same test-only knob as [`Backoff::new`].
+    pub fn jittered(&self, failures: u32) -> Duration {
+        let c = self.ceiling(failures);
+        if !network_jitter() {
+            return c;
+        }
+        let ms = c.as_millis().min(u64::MAX as u128) as u64;
+        Duration::from_millis(fastrand::u64(ms / 2..=ms))
+    }
+
     /// The crash-loop wait before restart number `restarts` (1 for the first restart).
     pub fn delay(&self, restarts: u32) -> Duration {
         self.ceiling(restarts)

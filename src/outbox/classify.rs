@@ -37,28 +37,31 @@ pub fn classify(e: &KubeError) -> Verdict {
     }
 }
 
+/// An apiserver answer of `code` with `message`, for the outbox's tests.
+#[cfg(test)]
+pub(super) fn refused(code: u16, message: &str, retry_after: Option<u64>) -> KubeError {
+    use crate::kube::{Request, Status};
+    KubeError::Status {
+        request: Request {
+            verb: "patch",
+            resource: "pods".into(),
+            namespace: None,
+            name: None,
+        },
+        status: Status {
+            code,
+            reason: String::new(),
+            message: message.into(),
+        },
+        retry_after: retry_after.map(Duration::from_secs),
+        node: "n".into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::refused as status;
     use super::*;
-    use crate::kube::{Request, Status};
-
-    fn status(code: u16, message: &str, retry_after: Option<u64>) -> KubeError {
-        KubeError::Status {
-            request: Request {
-                verb: "patch",
-                resource: "pods".into(),
-                namespace: None,
-                name: None,
-            },
-            status: Status {
-                code,
-                reason: String::new(),
-                message: message.into(),
-            },
-            retry_after: retry_after.map(Duration::from_secs),
-            node: "n".into(),
-        }
-    }
 
     #[test]
     fn answers_and_their_verdicts() {

@@ -131,7 +131,8 @@ impl<C: Cloud> Sender<C> {
     ) {
         let mut queued = self.store.subscribe_reports();
         let mut wait = Duration::ZERO;
-        let mut offline_for = BackoffPolicy {
+        // How often to try again while the link is down: the link watch also wakes it.
+        let offline_for = BackoffPolicy {
             initial: Duration::from_secs(1),
             max: Duration::from_secs(30),
         };
@@ -172,11 +173,7 @@ impl<C: Cloud> Sender<C> {
             wait = match self.drain().await {
                 Ok(d) if d.offline => {
                     offline_rounds += 1;
-                    offline_for.initial = offline_for.initial.max(Duration::from_millis(100));
-                    let c = offline_for.ceiling(offline_rounds);
-                    Duration::from_millis(fastrand::u64(
-                        c.as_millis() as u64 / 2..=c.as_millis() as u64,
-                    ))
+                    offline_for.jittered(offline_rounds)
                 }
                 Ok(_) => {
                     offline_rounds = 0;
@@ -193,15 +190,12 @@ impl<C: Cloud> Sender<C> {
     /// How long until a retry is due.
     fn next_due(&self) -> Option<Duration> {
         let now = now_ms();
-        let rows = self
-            .store
-            .outbox()
-            .ok()?
-            .into_iter()
-            .map(|r| r.next_attempt_ms)
-            .filter(|t| *t > now)
-            .min()
-            .map(|t| Duration::from_millis((t - now) as u64));
+        // Only the earliest time, not every row's body: this runs after every drain.
+        let rows = match self.store.outbox_next_attempt_after(now) {
+            Ok(t) => t.map(|t| Duration::from_millis((t - now) as u64)),
+            // Looked at again soon rather than never.
+            Err(_) => Some(Duration::from_secs(10)),
+        };
         let instant = Instant::now();
         let revisions = self
             .revision_retry
@@ -228,13 +222,9 @@ impl<C: Cloud> Sender<C> {
     /// When a row that failed `attempts` times may be tried again: its backoff ceiling,
     /// jittered into its upper half, or the server's Retry-After when longer.
     fn retry_at(&self, attempts: i64, retry_after: Option<Duration>) -> i64 {
-        let c = self
-            .retry
-            .ceiling(attempts.clamp(0, 30) as u32 + 1)
-            .as_millis() as u64;
-        let wait = fastrand::u64(c / 2..=c.max(1));
-        let wait = retry_after.map_or(wait, |ra| wait.max(ra.as_millis() as u64));
-        now_ms() + wait as i64
+        let wait = self.retry.jittered(attempts.clamp(0, 30) as u32 + 1);
+        let wait = retry_after.map_or(wait, |ra| wait.max(ra));
+        now_ms() + wait.as_millis().min(i64::MAX as u128) as i64
     }
 
     /// Sends what is queued and due, in order per pod; stops at the first sign the link is

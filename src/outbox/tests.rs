@@ -4,8 +4,9 @@
 // The fake answers with the client's own error type, as large as it is.
 #![allow(clippy::result_large_err)]
 
+use super::classify::refused;
 use super::*;
-use crate::kube::{Request, Status};
+use crate::kube::Request;
 use crate::store::{Change, OpenMode, QueuedEvent, QueuedStatus};
 use std::sync::Mutex;
 
@@ -60,24 +61,6 @@ impl Cloud for Arc<FakeCloud> {
     }
     async fn patch_pod(&self, ns: &str, name: &str, _b: Vec<u8>) -> Result<String, KubeError> {
         self.call(format!("patch-pod {ns}/{name}"))
-    }
-}
-
-fn refused(code: u16, message: &str, retry_after: Option<u64>) -> KubeError {
-    KubeError::Status {
-        request: Request {
-            verb: "patch",
-            resource: "pods".into(),
-            namespace: None,
-            name: None,
-        },
-        status: Status {
-            code,
-            reason: String::new(),
-            message: message.into(),
-        },
-        retry_after: retry_after.map(Duration::from_secs),
-        node: "n".into(),
     }
 }
 

@@ -505,6 +505,11 @@ impl Store {
         outbox::rows(&self.conn())
     }
 
+    /// The earliest retry time after `now_ms` among the rows waiting for one.
+    pub fn outbox_next_attempt_after(&self, now_ms: i64) -> Result<Option<i64>, StoreError> {
+        outbox::next_attempt_after(&self.conn(), now_ms)
+    }
+
     /// The parked rows: refused for good, kept with their error.
     pub fn outbox_parked(&self) -> Result<Vec<OutboxRow>, StoreError> {
         outbox::parked(&self.conn())

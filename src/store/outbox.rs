@@ -220,6 +220,15 @@ pub fn rows(conn: &Connection) -> Result<Vec<OutboxRow>, StoreError> {
     Ok(rows.collect::<Result<_, _>>()?)
 }
 
+/// The earliest retry time after `now_ms` among rows waiting for one (not parked).
+pub fn next_attempt_after(conn: &Connection, now_ms: i64) -> Result<Option<i64>, StoreError> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT MIN(next_attempt_ms) FROM outbox WHERE parked = 0 AND next_attempt_ms > ?1",
+        )?
+        .query_row(params![now_ms], |r| r.get::<_, Option<i64>>(0))?)
+}
+
 /// The parked rows.
 pub fn parked(conn: &Connection) -> Result<Vec<OutboxRow>, StoreError> {
     let mut stmt = conn.prepare_cached(&format!(
