@@ -7,12 +7,55 @@
 #   4. the library's unit tests and the integration tests that do not spawn the binary,
 #      built for aarch64 musl and run under qemu.
 # Expects cross/build.sh to have built the aarch64 binary. Installs what is missing.
+#
+#   bash cross/qemu-check.sh         # build the aarch64 tests, then all of the above
+#   bash cross/qemu-check.sh build   # only build the aarch64 test binaries (no qemu needed)
+#   bash cross/qemu-check.sh run     # only run; the test binaries must be built
+#
+# The aarch64 tests build in their own target dir (target/qemu; QEMU_TARGET_DIR moves it):
+# scripts/test.sh builds them in the background while the native tests run, and cargo locks
+# a target dir's host profile for as long as `cargo test` runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 log() { printf '==> %s\n' "$*"; }
 t=aarch64-unknown-linux-musl
 bin=target/$t/release/edgehub
 qemu=qemu-aarch64-static
+phase=${1:-all}
+case "$phase" in all | build | run) ;; *) echo "usage: $0 [all|build|run]" >&2; exit 2 ;; esac
+tdir=${QEMU_TARGET_DIR:-target/qemu}
+list=$tdir/qemu-tests.txt
+
+# The test binaries built for aarch64, except those that spawn the edgehub binary
+# (tests/cli.rs, tests/yocto.rs, tests/logs.rs, tests/upgrade.rs, tests/report.rs, and
+# tests/demo.rs through the demo): an aarch64 child process needs binfmt_misc, which these
+# machines do not register. Their paths go to $list for the run phase.
+build_tests() {
+    log "building the aarch64 tests"
+    mkdir -p "$tdir"
+    cargo zigbuild --locked --quiet -p edgehub --target "$t" --tests --target-dir "$tdir" \
+        --message-format=json 2>"$tdir/build.log" |
+        python3 -c '
+import json, sys
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") != "compiler-artifact" or not m.get("executable") or not m["profile"]["test"]:
+        continue
+    if m["target"]["kind"] == ["bin"] or m["target"]["name"] in ("cli", "yocto", "logs", "demo", "upgrade", "report"):
+        continue
+    print(m["executable"])
+' >"$list.tmp" || { cat "$tdir/build.log" >&2; echo "error: the aarch64 tests did not build" >&2; exit 1; }
+    [ -s "$list.tmp" ] || { cat "$tdir/build.log" >&2; echo "error: no aarch64 test binaries were built" >&2; exit 1; }
+    mv "$list.tmp" "$list"
+}
+
+if [ "$phase" != run ]; then
+    build_tests
+fi
+[ "$phase" = build ] && exit 0
 
 need=()
 for p in qemu-user-static curl python3; do
@@ -23,6 +66,7 @@ if ((${#need[@]})); then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 [ -x "$bin" ] || { echo "error: $bin missing; run cross/build.sh first" >&2; exit 1; }
+[ -s "$list" ] || { echo "error: $list missing; run \`bash cross/qemu-check.sh build\` first" >&2; exit 1; }
 
 work=$(mktemp -d)
 pids=()
@@ -34,7 +78,9 @@ log "qemu: edgehub version"
 $qemu "$bin" version
 
 log "test apiserver (native) for a kubeconfig"
-cargo build --locked --quiet -p edgehub-testsupport --bin fake-apiserver
+# The demo's build command, features and all, so what the suite built is reused.
+cargo build --locked --quiet -p edgehub -p edgehub-testsupport --bin edgehub --bin fake-apiserver \
+    ${EDGEHUB_CARGO_FEATURES:+--features "$EDGEHUB_CARGO_FEATURES"}
 apiport=$(free_port)
 target/debug/fake-apiserver --listen "127.0.0.1:$apiport" --kubeconfig-dir "$work/kube" >"$work/apiserver.log" 2>&1 &
 pids+=($!)
@@ -64,27 +110,7 @@ kill -TERM "$pid"; wait "$pid"
 echo "clean shutdown"
 
 log "aarch64 tests under qemu"
-export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_MUSL_RUNNER=$qemu
-# The library's unit tests and the integration tests, except those that spawn the edgehub
-# binary (tests/cli.rs, tests/yocto.rs, tests/logs.rs, tests/upgrade.rs, tests/report.rs, and
-# tests/demo.rs through the demo): an aarch64 child process needs binfmt_misc, which these
-# machines do not register.
-cargo zigbuild --locked --quiet -p edgehub --target "$t" --tests --message-format=json 2>/dev/null |
-    python3 -c '
-import json, sys
-for line in sys.stdin:
-    try:
-        m = json.loads(line)
-    except ValueError:
-        continue
-    if m.get("reason") != "compiler-artifact" or not m.get("executable") or not m["profile"]["test"]:
-        continue
-    if m["target"]["kind"] == ["bin"] or m["target"]["name"] in ("cli", "yocto", "logs", "demo", "upgrade", "report"):
-        continue
-    print(m["executable"])
-' >"$work/tests"
-[ -s "$work/tests" ] || { echo "error: no aarch64 test binaries were built" >&2; exit 1; }
 while read -r exe; do
     log "qemu: $(basename "$exe")"
     $qemu "$exe" --quiet
-done <"$work/tests"
+done <"$list"

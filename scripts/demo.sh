@@ -36,8 +36,10 @@ case "$profile" in
 esac
 bin=${CARGO_TARGET_DIR:-target}/$([ "$profile" = dev ] && echo debug || echo release)
 log "building edgehub and the test apiserver ($profile)"
+# EDGEHUB_CARGO_FEATURES: the cargo features scripts/test.sh builds with, so the suite's run of
+# this demo reuses its build instead of building edgehub again with other features.
 cargo build "${build_flags[@]}" --locked --quiet -p edgehub -p edgehub-testsupport \
-    --bin edgehub --bin fake-apiserver
+    --bin edgehub --bin fake-apiserver ${EDGEHUB_CARGO_FEATURES:+--features "$EDGEHUB_CARGO_FEATURES"}
 
 work=$(realpath -m "${EDGEHUB_DEMO_DIR:-.demo}")
 [ "$work" != / ] || { echo "error: EDGEHUB_DEMO_DIR is /" >&2; exit 2; }

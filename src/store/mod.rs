@@ -184,9 +184,21 @@ impl Store {
         objects::cursor(&self.conn(), resource)
     }
 
-    /// Stores a cursor on its own (bookmarks); callers rate-limit this.
+    /// Stores a cursor on its own; the sync batches bookmarks through [`Store::set_cursors`].
     pub fn set_cursor(&self, resource: &str, rv: &str) -> Result<(), StoreError> {
         objects::set_cursor(&self.conn(), resource, rv)
+    }
+
+    /// Stores several cursors in one transaction (the reflectors' bookmark-only progress):
+    /// one commit, so one WAL frame for all of them, where one each cost a frame each.
+    pub fn set_cursors(&self, cursors: &[(String, String)]) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        for (resource, rv) in cursors {
+            objects::set_cursor(&tx, resource, rv)?;
+        }
+        tx.commit()?;
+        Ok(())
     }
 
     /// Forgets what the current sync selection no longer covers: cursors whose key is not in
