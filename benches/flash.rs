@@ -3,7 +3,8 @@
 //! every 5 and 10 s), a ConfigMap and a service-account token; the fake apiserver sends a
 //! bookmark every 60 s as a real one does, and edgehub renews its Lease every 10 s and
 //! reports Node status every 5 minutes (the shipped defaults). Once the pods are Ready and
-//! settled, over a window (5 minutes; `EDGEHUB_FLASH_WINDOW_SECS`):
+//! settled, over a window (10 minutes, the shipped `cursor_checkpoint_secs`, so the window
+//! sees one checkpoint of the watches' bookmark progress; `EDGEHUB_FLASH_WINDOW_SECS`):
 //! - `write_bytes` of /proc/PID/io (what edgehub caused to be written to storage);
 //! - the growth of its files: the database, its WAL and everything else in the data dir but
 //!   the containers' own logs (containerd writes those);
@@ -79,7 +80,7 @@ fn main() {
         std::env::var("EDGEHUB_FLASH_WINDOW_SECS")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(300),
+            .unwrap_or(600),
     );
     println!("binary: {}; window {} s", bin.display(), window.as_secs());
     let socket = common::cri_stack();

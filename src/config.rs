@@ -357,7 +357,7 @@ impl Config {
             cursor_checkpoint: Duration::from_secs(secs(
                 "sync.cursor_checkpoint_secs",
                 s.cursor_checkpoint_secs,
-                300,
+                600,
                 86_400,
             )?),
             backoff_initial: Duration::from_millis(secs(

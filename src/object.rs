@@ -148,9 +148,71 @@ impl ObjectIndex {
     }
 }
 
+/// Whether two versions of a Node differ only in what its agent's heartbeat moves:
+/// `metadata.resourceVersion`, `metadata.managedFields` and each condition's
+/// `lastHeartbeatTime`. Such a change is not stored: DESIGN §4 keeps heartbeat times off the
+/// flash, and edgehub's own status report every few minutes would otherwise rewrite its Node
+/// (several pages, the largest steady-state write the flash bench found). Anything else
+/// (labels, taints, a condition's status or transition, addresses) is a change. Unparsable
+/// JSON is a change.
+pub fn node_heartbeat_only(old: &str, new: &str) -> bool {
+    fn stable(raw: &str) -> Option<serde_json::Value> {
+        let mut v: serde_json::Value = serde_json::from_str(raw).ok()?;
+        if let Some(m) = v.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+            m.remove("resourceVersion");
+            m.remove("managedFields");
+        }
+        if let Some(conds) = v
+            .pointer_mut("/status/conditions")
+            .and_then(|c| c.as_array_mut())
+        {
+            for c in conds.iter_mut().filter_map(|c| c.as_object_mut()) {
+                c.remove("lastHeartbeatTime");
+            }
+        }
+        Some(v)
+    }
+    match (stable(old), stable(new)) {
+        (Some(a), Some(b)) => a == b,
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn node_with(rv: &str, heartbeat: &str, ready: &str, label: &str) -> String {
+        serde_json::json!({
+            "kind": "Node",
+            "metadata": {"name": "edge-1", "uid": "n1", "resourceVersion": rv,
+                "labels": {"site": label},
+                "managedFields": [{"manager": "edgehub", "time": heartbeat}]},
+            "status": {"conditions": [{"type": "Ready", "status": ready,
+                "lastHeartbeatTime": heartbeat, "lastTransitionTime": "2026-11-30T10:00:00Z"}]}
+        })
+        .to_string()
+    }
+
+    #[test]
+    fn a_node_heartbeat_alone_is_no_change() {
+        let old = node_with("10", "2026-12-01T06:00:00Z", "True", "a");
+        let beat = node_with("11", "2026-12-01T06:05:00Z", "True", "a");
+        assert!(node_heartbeat_only(&old, &beat));
+        assert!(!node_heartbeat_only(
+            &old,
+            &node_with("11", "2026-12-01T06:05:00Z", "False", "a")
+        ));
+        assert!(!node_heartbeat_only(
+            &old,
+            &node_with("11", "2026-12-01T06:05:00Z", "True", "b")
+        ));
+        assert!(!node_heartbeat_only(&old, "{not json"));
+        let recorded = include_str!("../tests/fixtures/apiserver/node_get_self.json");
+        let body = serde_json::from_str::<serde_json::Value>(recorded).unwrap()["response"]["body"]
+            .to_string();
+        assert!(node_heartbeat_only(&body, &body));
+    }
 
     #[test]
     fn indexes_a_daemonset_pod() {

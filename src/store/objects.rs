@@ -284,12 +284,17 @@ fn delete(conn: &Connection, kind: Kind, namespace: &str, name: &str) -> rusqlit
         .execute(params![kind.as_str(), namespace, name])
 }
 
+/// Unchanged: the same version, or for a Node a newer one that only moved heartbeat times
+/// ([`crate::object::node_heartbeat_only`]; the row keeps its older version and raw JSON).
 fn is_unchanged(conn: &Connection, obj: &StoredObject) -> rusqlite::Result<bool> {
     let ix = &obj.index;
-    Ok(matches!(
-        current(conn, ix.kind, &ix.namespace, &ix.name)?,
-        Some((rv, raw)) if rv == ix.resource_version && raw == obj.raw
-    ))
+    Ok(match current(conn, ix.kind, &ix.namespace, &ix.name)? {
+        Some((rv, raw)) if rv == ix.resource_version && raw == obj.raw => true,
+        Some((_, raw)) if ix.kind == Kind::Node => {
+            crate::object::node_heartbeat_only(&raw, &obj.raw)
+        }
+        _ => false,
+    })
 }
 
 pub fn apply(

@@ -437,3 +437,47 @@ fn a_version_1_file_is_migrated_in_place() {
     let a = s.get(Kind::Pod, "ns", "a").unwrap().unwrap();
     assert!(!a.index.deleting);
 }
+
+#[test]
+fn a_node_heartbeat_writes_nothing_and_a_label_change_does() {
+    let (_d, path) = db();
+    let s = Store::open(&path, OpenMode::Normal).unwrap();
+    let node = |rv: &str, beat: &str, label: &str| {
+        let raw = format!(
+            r#"{{"metadata":{{"name":"edge-1","namespace":"","uid":"n1","resourceVersion":"{rv}","labels":{{"l":"{label}"}}}},"status":{{"conditions":[{{"type":"Ready","status":"True","lastHeartbeatTime":"{beat}"}}]}}}}"#
+        );
+        StoredObject::from_raw(Kind::Node, raw).unwrap()
+    };
+    s.apply(
+        Kind::Node,
+        &[Change::Upsert(node("1", "t1", "a"))],
+        Some(("nodes", "1")),
+    )
+    .unwrap();
+    let beat = s
+        .apply(
+            Kind::Node,
+            &[Change::Upsert(node("2", "t2", "a"))],
+            Some(("nodes", "2")),
+        )
+        .unwrap();
+    assert!(!beat.touched(), "{beat:?}");
+    // Nothing written: the row and the cursor are where they were.
+    assert_eq!(
+        s.get(Kind::Node, "", "edge-1").unwrap().unwrap(),
+        node("1", "t1", "a")
+    );
+    assert_eq!(s.cursor("nodes").unwrap().as_deref(), Some("1"));
+    let relabel = s
+        .apply(
+            Kind::Node,
+            &[Change::Upsert(node("3", "t3", "b"))],
+            Some(("nodes", "3")),
+        )
+        .unwrap();
+    assert!(relabel.touched());
+    assert_eq!(
+        s.get(Kind::Node, "", "edge-1").unwrap().unwrap(),
+        node("3", "t3", "b")
+    );
+}
