@@ -105,7 +105,9 @@ struct Cond {
 }
 
 /// The node conditions, keeping each one's `lastTransitionTime` from `prev` while its status
-/// is unchanged. No NetworkUnavailable: edgehub's pods use the host network or the runtime's
+/// is unchanged. The messages are fixed texts, as the kubelet's are: a live figure in them
+/// (MiB available, PIDs in use) made every report a change, rewriting the Node in etcd and in
+/// edgehub's cache on flash each time (the flash bench found it). No NetworkUnavailable: edgehub's pods use the host network or the runtime's
 /// CNI, and that condition belongs to whoever manages routes.
 pub fn conditions(s: &NodeSample, cfg: &NodeConfig, prev: Option<&Value>, now: &str) -> Value {
     let mem_low = s.memory_available_bytes < cfg.memory_pressure_bytes;
@@ -137,7 +139,12 @@ pub fn conditions(s: &NodeSample, cfg: &NodeConfig, prev: Option<&Value>, now: &
             } else {
                 "NodeHasSufficientMemory"
             },
-            message: format!("{} MiB available", s.memory_available_bytes >> 20),
+            message: if mem_low {
+                "edgehub has insufficient memory available"
+            } else {
+                "edgehub has sufficient memory available"
+            }
+            .into(),
         },
         Cond {
             kind: "DiskPressure",
@@ -147,10 +154,12 @@ pub fn conditions(s: &NodeSample, cfg: &NodeConfig, prev: Option<&Value>, now: &
             } else {
                 "NodeHasNoDiskPressure"
             },
-            message: match s.disk_free_percent {
-                Some(f) => format!("{f}% free on the data dir's filesystem"),
-                None => "free space unknown".into(),
-            },
+            message: match (s.disk_free_percent, disk_low) {
+                (None, _) => "free space unknown",
+                (Some(_), true) => "edgehub has disk pressure",
+                (Some(_), false) => "edgehub has no disk pressure",
+            }
+            .into(),
         },
         Cond {
             kind: "PIDPressure",
@@ -160,7 +169,12 @@ pub fn conditions(s: &NodeSample, cfg: &NodeConfig, prev: Option<&Value>, now: &
             } else {
                 "NodeHasSufficientPID"
             },
-            message: format!("{} of {} PIDs in use", s.pids_used, s.pid_max),
+            message: if pid_high {
+                "edgehub has insufficient PID available"
+            } else {
+                "edgehub has sufficient PID available"
+            }
+            .into(),
         },
     ];
     let prev_of =
