@@ -107,7 +107,8 @@ struct Cond {
 /// The node conditions, keeping each one's `lastTransitionTime` from `prev` while its status
 /// is unchanged. The messages are fixed texts, as the kubelet's are: a live figure in them
 /// (MiB available, PIDs in use) made every report a change, rewriting the Node in etcd and in
-/// edgehub's cache on flash each time (the flash bench found it). No NetworkUnavailable: edgehub's pods use the host network or the runtime's
+/// edgehub's cache on flash each time (the flash bench found it). No NetworkUnavailable:
+/// edgehub's pods use the host network or the runtime's
 /// CNI, and that condition belongs to whoever manages routes.
 pub fn conditions(s: &NodeSample, cfg: &NodeConfig, prev: Option<&Value>, now: &str) -> Value {
     let mem_low = s.memory_available_bytes < cfg.memory_pressure_bytes;
