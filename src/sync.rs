@@ -345,9 +345,8 @@ impl Checkpoints {
         }
     }
 
-    /// Parks `key`'s progress. Returns the whole batch to write when `force`d (shutdown) or
-    /// when the last write is at least `interval` old; the batch is empty then only if
-    /// nothing is pending.
+    /// Parks `key`'s progress. Returns the whole batch to write (`key`'s included) when
+    /// `force`d (shutdown) or when the last write is at least `interval` old.
     fn park(
         &mut self,
         key: &str,
