@@ -15,10 +15,13 @@ pub struct DaemonSetView {
     pub revisions: Vec<Revision>,
 }
 
-/// Decides `PodNeedUpgrade` for many pods, reading each DaemonSet and its revisions once.
+/// Decides `PodNeedUpgrade` for many pods, reading each DaemonSet and its revisions once,
+/// and the revisions upgrades committed (a handful of rows) in one query.
 pub struct Decider<'s> {
     store: &'s Store,
     daemonsets: HashMap<String, Option<DaemonSetView>>,
+    /// Pod uid → the revision hash an upgrade on this device committed; read on first use.
+    running: Option<HashMap<String, String>>,
 }
 
 impl<'s> Decider<'s> {
@@ -26,7 +29,21 @@ impl<'s> Decider<'s> {
         Decider {
             store,
             daemonsets: HashMap::new(),
+            running: None,
         }
+    }
+
+    /// The revision an upgrade on this device committed for the pod `uid`, if any.
+    pub fn running_hash(&mut self, uid: &str) -> Result<Option<&str>, StoreError> {
+        if self.running.is_none() {
+            let rows = self.store.running_revisions()?;
+            self.running = Some(rows.into_iter().map(|r| (r.pod_uid, r.hash)).collect());
+        }
+        Ok(self
+            .running
+            .as_ref()
+            .and_then(|m| m.get(uid))
+            .map(String::as_str))
     }
 
     /// The DaemonSet with `uid`, if cached.
@@ -42,7 +59,7 @@ impl<'s> Decider<'s> {
     pub fn decide(&mut self, pod: &ObjectIndex) -> Result<Need, StoreError> {
         // What the device runs is the truth: an upgrade committed here counts before the
         // cloud has heard of it.
-        let running = self.store.running_revision(&pod.uid)?.map(|r| r.hash);
+        let running = self.running_hash(&pod.uid)?.map(str::to_string);
         let facts = PodFacts {
             owner_kind: pod.owner_kind.as_deref(),
             hash: running.as_deref().or(pod.revision_hash.as_deref()),

@@ -23,11 +23,6 @@ pub fn pods(state: &ApiState) -> Reply {
         Ok(q) => q.into_iter().map(|q| (q.pod_uid, q.status)).collect(),
         Err(e) => return Reply::internal("Get pod list failed", &e),
     };
-    // And the revision it runs, when an upgrade committed one the cloud has not heard of.
-    let running: std::collections::HashMap<String, String> = match state.store.running_revisions() {
-        Ok(r) => r.into_iter().map(|r| (r.pod_uid, r.hash)).collect(),
-        Err(e) => return Reply::internal("Get pod list failed", &e),
-    };
     let size: usize = pods.iter().map(|p| p.raw.len() + 160).sum();
     let mut out = String::with_capacity(POD_LIST_START.len() + size + POD_LIST_END.len());
     out.push_str(POD_LIST_START);
@@ -40,8 +35,13 @@ pub fn pods(state: &ApiState) -> Reply {
             out.push(',');
         }
         let uid = &pod.index.uid;
-        let overlaid = (queued.contains_key(uid) || running.contains_key(uid))
-            .then(|| as_run(&pod.raw, queued.get(uid), running.get(uid)))
+        // And the revision it runs, when an upgrade committed one the cloud has not heard of.
+        let running = match decider.running_hash(uid) {
+            Ok(h) => h,
+            Err(e) => return Reply::internal("Get pod list failed", &e),
+        };
+        let overlaid = (queued.contains_key(uid) || running.is_some())
+            .then(|| as_run(&pod.raw, queued.get(uid), running))
             .flatten();
         let raw = overlaid.as_deref().unwrap_or(&pod.raw);
         if let Err(e) = write_with_condition(&mut out, raw, &need.condition()) {
@@ -57,22 +57,19 @@ pub fn pods(state: &ApiState) -> Reply {
 
 /// The pod JSON as the device runs it: the status edgehub queued merged onto the apiserver's
 /// (edgehub's fields over the apiserver's), and the revision hash it runs.
-fn as_run(raw: &str, status: Option<&String>, hash: Option<&String>) -> Option<String> {
+fn as_run(raw: &str, status: Option<&String>, hash: Option<&str>) -> Option<String> {
     let mut pod: serde_json::Value = serde_json::from_str(raw).ok()?;
     if let Some(status) = status {
         let ours: serde_json::Value = serde_json::from_str(status).ok()?;
         let merged = crate::runtime::status::merge_onto(&pod["status"], &ours);
         pod["status"] = merged;
     }
-    if let Some(labels) = hash.and_then(|_| {
-        pod.pointer_mut("/metadata/labels")
+    if let Some(h) = hash {
+        if let Some(labels) = pod
+            .pointer_mut("/metadata/labels")
             .and_then(serde_json::Value::as_object_mut)
-    }) {
-        if let Some(h) = hash {
-            labels.insert(
-                crate::object::REVISION_HASH_LABEL.to_string(),
-                h.clone().into(),
-            );
+        {
+            labels.insert(crate::object::REVISION_HASH_LABEL.to_string(), h.into());
         }
     }
     Some(pod.to_string())

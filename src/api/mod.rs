@@ -13,6 +13,7 @@ pub mod listen;
 pub mod logs;
 pub mod metrics;
 pub mod podlist;
+pub mod rawjson;
 pub mod router;
 
 use crate::store::{RequestKind, Store};

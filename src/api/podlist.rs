@@ -3,51 +3,23 @@
 //!
 //! Re-serializing a parsed pod would reorder fields and change string escaping (Go escapes
 //! `<`, `>` and `&`; serde does not), so the condition is spliced into the raw JSON: the pod
-//! and its `status` are read as ordered lists of raw fields, and only `status.conditions` is
-//! rebuilt.
+//! and its `status` are walked as raw members ([`rawjson`]), every byte outside
+//! `status.conditions` is copied as it is, and only that list is rebuilt.
 
+use super::rawjson::{self, Malformed};
 use crate::revision::Condition;
-use serde::de::{Deserializer, MapAccess, Visitor};
-use serde::Deserialize;
-use serde_json::value::RawValue;
 
-/// The fields of a JSON object in document order, values kept raw.
-struct Fields<'a>(Vec<(String, &'a RawValue)>);
-
-impl<'de> Deserialize<'de> for Fields<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Fields<'de>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut out = Vec::new();
-                while let Some((k, v)) = map.next_entry::<String, &'de RawValue>()? {
-                    out.push((k, v));
-                }
-                Ok(Fields(out))
-            }
-        }
-        d.deserialize_map(V)
-    }
-}
-
-#[derive(Deserialize)]
-struct TypeOnly<'a> {
-    #[serde(rename = "type", borrow, default)]
-    kind: Option<&'a str>,
-}
-
-fn push_key(out: &mut String, k: &str) {
-    // Serializing a str cannot fail.
-    out.push_str(&serde_json::to_string(k).unwrap_or_default());
-    out.push(':');
+/// What a splice can fail on.
+#[derive(Debug, thiserror::Error)]
+pub enum SpliceError {
+    #[error(transparent)]
+    Malformed(#[from] Malformed),
+    #[error("the condition does not serialize: {0}")]
+    Condition(#[from] serde_json::Error),
 }
 
 /// Replaces (or adds) the condition of `condition`'s type in `status.conditions` of `raw`.
-pub fn with_condition(raw: &str, condition: &Condition) -> Result<String, serde_json::Error> {
+pub fn with_condition(raw: &str, condition: &Condition) -> Result<String, SpliceError> {
     let mut out = String::with_capacity(raw.len() + 160);
     write_with_condition(&mut out, raw, condition)?;
     Ok(out)
@@ -58,75 +30,78 @@ pub fn write_with_condition(
     out: &mut String,
     raw: &str,
     condition: &Condition,
-) -> Result<(), serde_json::Error> {
+) -> Result<(), SpliceError> {
     let mark = out.len();
-    let r = splice(out, raw, condition);
+    let cond = serde_json::to_string(condition)?;
+    let r = splice(out, raw, condition.kind, &cond);
     if r.is_err() {
         out.truncate(mark);
     }
-    r
+    Ok(r?)
 }
 
-fn splice(out: &mut String, raw: &str, condition: &Condition) -> Result<(), serde_json::Error> {
-    let ctype = condition.kind;
-    let cond = serde_json::to_string(condition)?;
-    let pod: Fields = serde_json::from_str(raw)?;
-    out.push('{');
-    let mut saw_status = false;
-    for (i, (k, v)) in pod.0.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        push_key(out, k);
-        if k != "status" {
-            out.push_str(v.get());
-            continue;
-        }
-        saw_status = true;
-        let status: Fields = serde_json::from_str(v.get())?;
-        out.push('{');
-        let mut saw_conditions = false;
-        for (j, (sk, sv)) in status.0.iter().enumerate() {
-            if j > 0 {
-                out.push(',');
-            }
-            push_key(out, sk);
-            if sk != "conditions" {
-                out.push_str(sv.get());
-                continue;
-            }
-            saw_conditions = true;
-            let list: Option<Vec<&RawValue>> = serde_json::from_str(sv.get())?;
-            out.push('[');
-            for c in list.unwrap_or_default() {
-                let t: TypeOnly = serde_json::from_str(c.get())?;
-                if t.kind != Some(ctype) {
-                    out.push_str(c.get());
-                    out.push(',');
-                }
-            }
-            out.push_str(&cond);
-            out.push(']');
-        }
-        if !saw_conditions {
-            if !status.0.is_empty() {
-                out.push(',');
-            }
-            out.push_str("\"conditions\":[");
-            out.push_str(&cond);
-            out.push(']');
-        }
-        out.push('}');
-    }
-    if !saw_status {
-        if !pod.0.is_empty() {
+/// `raw` with `cond` (of type `ctype`) as its only condition of that type, appended to `out`.
+fn splice(out: &mut String, raw: &str, ctype: &str, cond: &str) -> Result<(), Malformed> {
+    let pod = rawjson::object(raw)?;
+    let Some(status) = pod.get(raw, "status") else {
+        out.push_str(&raw[..pod.close]);
+        if !pod.members.is_empty() {
             out.push(',');
         }
         out.push_str("\"status\":{\"conditions\":[");
-        out.push_str(&cond);
+        out.push_str(cond);
         out.push_str("]}");
+        out.push_str(&raw[pod.close..]);
+        return Ok(());
+    };
+    out.push_str(&raw[..status.value.start]);
+    let st = &raw[status.value.clone()];
+    let fields = rawjson::object(st)?;
+    match fields.get(st, "conditions") {
+        None => {
+            out.push_str(&st[..fields.close]);
+            if !fields.members.is_empty() {
+                out.push(',');
+            }
+            out.push_str("\"conditions\":[");
+            out.push_str(cond);
+            out.push(']');
+            out.push_str(&st[fields.close..]);
+        }
+        Some(c) => {
+            out.push_str(&st[..c.value.start]);
+            write_conditions(out, &st[c.value.clone()], ctype, cond)?;
+            out.push_str(&st[c.value.end..]);
+        }
     }
-    out.push('}');
+    out.push_str(&raw[status.value.end..]);
+    Ok(())
+}
+
+/// The conditions of `list` (raw JSON: an array or null) but those of type `ctype`, then `cond`.
+fn write_conditions(
+    out: &mut String,
+    list: &str,
+    ctype: &str,
+    cond: &str,
+) -> Result<(), Malformed> {
+    out.push('[');
+    if list != "null" {
+        for element in rawjson::array(list)? {
+            let c = &list[element];
+            let fields = rawjson::object(c)?;
+            let same = match fields.get(c, "type") {
+                Some(t) => rawjson::is_string(&c[t.value.clone()], ctype)?,
+                None => false,
+            };
+            if !same {
+                out.push_str(c);
+                out.push(',');
+            }
+        }
+    }
+    out.push_str(cond);
+    out.push(']');
     Ok(())
 }
 
@@ -205,6 +180,20 @@ mod tests {
             assert_eq!(&a, item);
             assert!(out.starts_with(&raw[..raw.find("\"status\"").unwrap()]));
         }
+    }
+
+    #[test]
+    fn pretty_printed_pods_keep_their_layout_outside_the_conditions() {
+        let raw = "{\n  \"metadata\": {\"name\": \"p\"},\n  \"status\": {\n    \"conditions\": [ {\"type\": \"Pod\\u004eeedUpgrade\", \"status\": \"True\"}, {\"type\": \"Ready\"} ],\n    \"phase\": \"Running\"\n  }\n}\n";
+        let out = with_condition(raw, &cond("False")).unwrap();
+        let want = format!(
+            "{{\n  \"metadata\": {{\"name\": \"p\"}},\n  \"status\": {{\n    \"conditions\": [{{\"type\": \"Ready\"}},{}],\n    \"phase\": \"Running\"\n  }}\n}}\n",
+            serde_json::to_string(&cond("False")).unwrap()
+        );
+        assert_eq!(
+            out, want,
+            "the escaped PodNeedUpgrade is replaced, the rest kept"
+        );
     }
 
     #[test]
