@@ -140,6 +140,48 @@ async fn the_recorded_pods_sources_are_watched_by_name_and_tokens_renewed_late()
     assert_eq!(token_posts(&e.server), 3);
     let renewed = e.store.get_token(&sv, "", 3607).unwrap().unwrap();
     assert!(renewed.issued_ms >= now);
+
+    // Once one token is due, the others past 40 % of their life are renewed with it, and
+    // all of them are stored in one write (one commit on flash).
+    let gw = uid_of(&e.server, "gateway-v9hb2");
+    let g = e.store.get_token(&gw, "", 3607).unwrap().unwrap();
+    e.store
+        .put_token(&CachedToken {
+            issued_ms: now - 3_000_000,
+            expires_ms: now + 607_000,
+            ..renewed
+        })
+        .unwrap();
+    e.store
+        .put_token(&CachedToken {
+            issued_ms: now - 1_500_000,
+            expires_ms: now + 2_107_000,
+            ..g.clone()
+        })
+        .unwrap();
+    let changes = e.store.subscribe();
+    let before = *changes.borrow();
+    let st = refresh(&mut e).await;
+    assert_eq!(st.tokens, 2, "{st:?}");
+    assert_eq!(token_posts(&e.server), 5);
+    assert_eq!(
+        changes.borrow().wrapping_sub(before),
+        1,
+        "one write for both"
+    );
+    for uid in [&sv, &gw] {
+        assert!(e.store.get_token(uid, "", 3607).unwrap().unwrap().issued_ms >= now);
+    }
+    // A token at 30 % of its life is left alone when nothing else is due.
+    e.store
+        .put_token(&CachedToken {
+            issued_ms: now - 1_000_000,
+            expires_ms: now + 2_607_000,
+            ..g
+        })
+        .unwrap();
+    assert_eq!(refresh(&mut e).await.tokens, 0);
+    assert_eq!(token_posts(&e.server), 5);
 }
 
 #[tokio::test]

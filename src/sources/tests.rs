@@ -1,4 +1,4 @@
-use super::fetch::{token_due, token_request};
+use super::fetch::{token_due, token_request, tokens_to_renew};
 use super::*;
 use crate::object::ObjectIndex;
 use crate::store::StoredObject;
@@ -153,6 +153,64 @@ fn tokens_renew_after_eighty_percent_of_their_life() {
     assert!(token_due(issued + 2_880_000, issued, expires));
     assert!(token_due(expires + 1, issued, expires));
     assert!(token_due(0, 10, 5), "a nonsense record is renewed");
+}
+
+#[test]
+fn tokens_are_renewed_together_once_one_is_due() {
+    let life = 3_600_000;
+    let at = |issued: i64| Some((issued, issued + life));
+    // Nothing due: nothing requested, however old the others are.
+    assert_eq!(
+        tokens_to_renew(2_879_999, &[at(0), at(1_000_000)]),
+        [false, false]
+    );
+    // One due: it goes, with every token past 40 % of its life, not the younger ones.
+    let now = 2_880_000;
+    assert_eq!(
+        tokens_to_renew(now, &[at(0), at(now - 1_440_000), at(now - 1_439_999)]),
+        [true, true, false]
+    );
+    // A pod without a token starts a round too.
+    assert_eq!(
+        tokens_to_renew(now, &[None, at(now - 1_440_000), at(now)]),
+        [true, true, false]
+    );
+    assert!(tokens_to_renew(now, &[]).is_empty());
+}
+
+#[test]
+fn groups_of_tokens_merge_at_the_first_renewal_of_either() {
+    // Two groups issued at any offset share one renewal time after at most one round each,
+    // and afterwards each token is renewed at 80 % of its life, as the kubelet renews it.
+    let life = 3_600_000;
+    for offset in [1, 600_000, 1_000_000, 1_440_000, 2_000_000, 2_879_999] {
+        let mut issued = [0i64, offset];
+        let mut rounds = Vec::new();
+        let mut now = offset;
+        while now < 10 * life {
+            now += 1_000; // the fetcher's pass
+            let cached: Vec<_> = issued.iter().map(|&i| Some((i, i + life))).collect();
+            let pick = tokens_to_renew(now, &cached);
+            if pick.iter().any(|&p| p) {
+                rounds.push((now, pick.clone()));
+                for (i, p) in issued.iter_mut().zip(&pick) {
+                    if *p {
+                        *i = now;
+                    }
+                }
+            }
+        }
+        assert!(rounds.len() >= 3, "offset {offset}: {rounds:?}");
+        assert_eq!(issued[0], issued[1], "offset {offset}: merged");
+        let together = rounds
+            .iter()
+            .position(|(_, p)| p.iter().all(|&x| x))
+            .unwrap();
+        assert!(together <= 1, "offset {offset}: merged at round {together}");
+        for w in rounds[together..].windows(2) {
+            assert_eq!(w[1].0 - w[0].0, life * 8 / 10, "offset {offset}");
+        }
+    }
 }
 
 #[test]

@@ -482,7 +482,19 @@ impl Store {
 
     /// Stores a service-account token; subscribers hear of it.
     pub fn put_token(&self, t: &CachedToken) -> Result<(), StoreError> {
-        sources::put_token(&self.conn(), t)?;
+        self.put_tokens(std::slice::from_ref(t))
+    }
+
+    /// Stores tokens in one transaction (a renewal round: one commit on flash, not one per
+    /// pod); subscribers hear of them once.
+    pub fn put_tokens(&self, tokens: &[CachedToken]) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        for t in tokens {
+            sources::put_token(&tx, t)?;
+        }
+        tx.commit()?;
+        drop(conn);
         self.notify();
         Ok(())
     }
