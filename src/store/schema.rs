@@ -156,6 +156,24 @@ const MIGRATIONS: &[&str] = &[
         FROM event_queue ORDER BY queued_ms;
     DROP TABLE status_queue;
     DROP TABLE event_queue;",
+    // 8 -> 9: sa_tokens becomes a rowid table. In a WITHOUT ROWID table a row keeps at most
+    // about 1000 bytes in its b-tree page, so every token (a signed JWT, about 1.1 KB)
+    // spilled onto an overflow page of its own: renewing 5 tokens rewrote 8 pages, where
+    // rows kept whole in their leaf pages need 2. Renewals are the one write a steady node
+    // makes every hour.
+    "CREATE TABLE sa_tokens_rowid (
+        pod_uid          TEXT NOT NULL,
+        audience         TEXT NOT NULL,
+        expiration_secs  INTEGER NOT NULL,
+        token            TEXT NOT NULL,
+        issued_ms        INTEGER NOT NULL,
+        expires_ms       INTEGER NOT NULL,
+        UNIQUE (pod_uid, audience, expiration_secs)
+    );
+    INSERT INTO sa_tokens_rowid (pod_uid, audience, expiration_secs, token, issued_ms, expires_ms)
+        SELECT pod_uid, audience, expiration_secs, token, issued_ms, expires_ms FROM sa_tokens;
+    DROP TABLE sa_tokens;
+    ALTER TABLE sa_tokens_rowid RENAME TO sa_tokens;",
 ];
 
 /// The schema version this binary writes.

@@ -439,6 +439,55 @@ fn a_version_1_file_is_migrated_in_place() {
 }
 
 #[test]
+fn tokens_keep_across_the_move_to_a_rowid_table_and_a_renewal_rewrites_two_pages() {
+    let (_d, path) = db();
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let token = |i: usize, issued: i64| CachedToken {
+        pod_uid: format!("pod-{i}"),
+        audience: String::new(),
+        expiration_secs: 3607,
+        token: format!("{issued}-{i}-").repeat(400)[..1100].to_string(),
+        issued_ms: issued,
+        expires_ms: issued + 3_607_000,
+    };
+    {
+        let s = Store::open(&path, OpenMode::Normal).unwrap();
+        let c = s.conn();
+        // Back to version 8, with its WITHOUT ROWID table and a token in it.
+        c.execute_batch(
+            "DROP TABLE sa_tokens;
+             CREATE TABLE sa_tokens (pod_uid TEXT NOT NULL, audience TEXT NOT NULL,
+               expiration_secs INTEGER NOT NULL, token TEXT NOT NULL, issued_ms INTEGER NOT NULL,
+               expires_ms INTEGER NOT NULL, PRIMARY KEY (pod_uid, audience, expiration_secs))
+               WITHOUT ROWID;
+             PRAGMA user_version = 8;",
+        )
+        .unwrap();
+        sources::put_token(&c, &token(0, 1)).unwrap();
+    }
+    let s = Store::open(&path, OpenMode::Normal).unwrap();
+    assert_eq!(schema::user_version(&s.conn()).unwrap(), schema::LATEST);
+    assert_eq!(s.get_token("pod-0", "", 3607).unwrap(), Some(token(0, 1)));
+    let round = |issued| (0..5).map(|i| token(i, issued)).collect::<Vec<_>>();
+    s.put_tokens(&round(1)).unwrap();
+    assert_eq!(s.get_token("pod-3", "", 3607).unwrap(), Some(token(3, 1)));
+    // WAL frames written since an emptied WAL: what a commit costs on flash.
+    let checkpoint = |s: &Store, mode: &str| -> i64 {
+        s.conn()
+            .query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| r.get(1))
+            .unwrap()
+    };
+    checkpoint(&s, "TRUNCATE");
+    s.put_tokens(&round(2)).unwrap();
+    assert_eq!(s.get_token("pod-3", "", 3607).unwrap(), Some(token(3, 2)));
+    assert_eq!(
+        checkpoint(&s, "PASSIVE"),
+        2,
+        "5 renewed tokens are two WAL frames"
+    );
+}
+
+#[test]
 fn a_node_heartbeat_writes_nothing_and_a_label_change_does() {
     let (_d, path) = db();
     let s = Store::open(&path, OpenMode::Normal).unwrap();
