@@ -14,9 +14,10 @@
 //! - a watch that ends normally (server timeout) is restarted at once from the last version;
 //! - errors back off exponentially with full jitter, capped; a 429's Retry-After is honoured;
 //! - unchanged objects and bookmarks write nothing; the cursor travels with real changes, and
-//!   bookmark-only progress is checkpointed at most every `cursor_checkpoint`, every
-//!   reflector's in one transaction ([`Checkpoints`]): on flash, a commit costs a WAL frame
-//!   whatever it holds, and each reflector committing its own multiplied the idle writes.
+//!   bookmark-only progress is parked in the store, rides along with its next commit, and is
+//!   written on its own at most every `cursor_checkpoint`, every reflector's in one
+//!   transaction (`store::cursors`): on flash, a commit costs 20–28 KiB however little it
+//!   holds.
 
 pub use crate::backoff::Backoff;
 use crate::config::{Config, SyncConfig};
@@ -24,10 +25,9 @@ use crate::kube::resource::{CONTROLLER_REVISIONS, DAEMONSETS, NODES, PODS};
 use crate::kube::{ApiClient, KubeError, ListParams, Resource, WatchEvent};
 use crate::object::{Kind, ObjectIndex};
 use crate::store::{Change, Store, StoredObject};
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::watch;
 
 /// Whether the apiserver is reachable, as last seen by any reflector.
@@ -243,7 +243,6 @@ impl Sync {
         }
         let mut stats = Vec::new();
         let mut pending = Vec::new();
-        let checkpoints = Arc::new(Mutex::new(Checkpoints::new(Instant::now())));
         for spec in specs {
             let st = Arc::new(ReflectorStats::default());
             stats.push((spec.key(), st.clone()));
@@ -254,7 +253,6 @@ impl Sync {
                 link: reporter.clone(),
                 cfg: config.sync.clone(),
                 stats: st,
-                checkpoints: checkpoints.clone(),
             };
             pending.push(r);
         }
@@ -322,66 +320,6 @@ struct Reflector {
     link: LinkReporter,
     cfg: SyncConfig,
     stats: Arc<ReflectorStats>,
-    checkpoints: Arc<Mutex<Checkpoints>>,
-}
-
-/// Bookmark-only progress of all reflectors not yet on disk, written together.
-///
-/// A bookmark moves a reflector's resourceVersion without changing an object. Persisting it
-/// only shortens the replay after a restart, so it may wait; what costs flash is the number
-/// of commits, not their size (the cursors share one page). So the reflectors park their
-/// progress here, and whichever finds the interval over writes everyone's in one transaction.
-#[derive(Debug)]
-struct Checkpoints {
-    pending: BTreeMap<String, String>,
-    last_flush: Instant,
-}
-
-impl Checkpoints {
-    fn new(now: Instant) -> Checkpoints {
-        Checkpoints {
-            pending: BTreeMap::new(),
-            last_flush: now,
-        }
-    }
-
-    /// Parks `key`'s progress. Returns the whole batch to write (`key`'s included) when
-    /// `force`d (shutdown) or when the last write is at least `interval` old.
-    fn park(
-        &mut self,
-        key: &str,
-        rv: &str,
-        now: Instant,
-        interval: Duration,
-        force: bool,
-    ) -> Option<Vec<(String, String)>> {
-        self.pending.insert(key.to_string(), rv.to_string());
-        if !force && now.saturating_duration_since(self.last_flush) < interval {
-            return None;
-        }
-        Some(
-            self.pending
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-        )
-    }
-
-    /// After the batch `park` returned was written: it is on disk.
-    fn written(&mut self, batch: &[(String, String)], now: Instant) {
-        for (k, v) in batch {
-            if self.pending.get(k) == Some(v) {
-                self.pending.remove(k);
-            }
-        }
-        self.last_flush = now;
-    }
-
-    /// A reflector is about to write its cursor with an object change (or a relist): its
-    /// parked, older progress must not be written after that and move the cursor back.
-    fn forget(&mut self, key: &str) {
-        self.pending.remove(key);
-    }
 }
 
 /// The resourceVersion the reflector has reached, and what of it is on disk.
@@ -512,7 +450,6 @@ impl Reflector {
                 None => break page.resource_version,
             }
         };
-        self.forget_parked(&cursor.key);
         let stats = self
             .store
             .replace_all(self.spec.kind, ns, &items, (&cursor.key, &rv))?;
@@ -613,9 +550,8 @@ impl Reflector {
         } else {
             Change::Upsert(obj)
         };
-        // The change carries the cursor; if it turns out to change nothing, the progress is
-        // parked again below.
-        self.forget_parked(&cursor.key);
+        // The change carries the cursor (the store drops the reflector's older parked
+        // progress); if it turns out to change nothing, the progress is parked again below.
         let stats = self
             .store
             .apply(self.spec.kind, &[change], Some((&cursor.key, &rv)))?;
@@ -631,36 +567,24 @@ impl Reflector {
         Ok(())
     }
 
-    fn checkpoints(&self) -> std::sync::MutexGuard<'_, Checkpoints> {
-        // Poisoned only if a reflector panicked holding it; the map is still a valid map.
-        self.checkpoints.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn forget_parked(&self, key: &str) {
-        self.checkpoints().forget(key);
-    }
-
-    /// Parks the seen version if it is not on disk yet, and writes every reflector's parked
-    /// progress in one transaction once the last such write is `cursor_checkpoint` old (or
-    /// when `force`d, at shutdown). The lock is held across the write, so a reflector's
-    /// [`Checkpoints::forget`] before its own cursor write cannot be overtaken by an older
-    /// parked version.
+    /// Parks the seen version if it is not on disk yet (the store writes it with the next
+    /// commit it makes anyway), and writes every reflector's parked progress in one
+    /// transaction once cursors were last written `cursor_checkpoint` ago (or when `force`d,
+    /// at shutdown).
     fn checkpoint(&self, cursor: &mut Cursor, force: bool) {
         let Some(seen) = &cursor.seen else { return };
         if cursor.persisted.as_ref() == Some(seen) {
             return;
         }
-        let mut book = self.checkpoints();
-        let now = Instant::now();
-        let Some(batch) = book.park(&cursor.key, seen, now, self.cfg.cursor_checkpoint, force)
-        else {
-            return;
-        };
-        match self.store.set_cursors(&batch) {
-            Ok(()) => {
-                book.written(&batch, now);
+        self.store.park_cursor(&cursor.key, seen);
+        match self
+            .store
+            .checkpoint_cursors(self.cfg.cursor_checkpoint, force)
+        {
+            Ok(0) => {}
+            Ok(n) => {
                 cursor.persisted = Some(seen.clone());
-                tracing::debug!(cursors = batch.len(), "checkpointed the sync cursors");
+                tracing::debug!(cursors = n, "checkpointed the sync cursors");
             }
             Err(e) => {
                 tracing::warn!(resource = %cursor.key, error = %e, "cannot checkpoint the sync cursors")
@@ -772,80 +696,5 @@ mod tests {
             node: "n".into(),
         };
         assert_eq!(delay_after(&e, &mut b), Duration::from_secs(3));
-    }
-
-    #[test]
-    fn bookmark_progress_waits_for_the_interval_then_goes_in_one_batch() {
-        let t0 = Instant::now();
-        let every = Duration::from_secs(300);
-        let mut c = Checkpoints::new(t0);
-        assert_eq!(
-            c.park("pods", "10", t0 + Duration::from_secs(60), every, false),
-            None
-        );
-        assert_eq!(
-            c.park("ds", "11", t0 + Duration::from_secs(120), every, false),
-            None
-        );
-        // A later bookmark of the same reflector replaces its parked version.
-        assert_eq!(
-            c.park("pods", "12", t0 + Duration::from_secs(180), every, false),
-            None
-        );
-        let at = t0 + Duration::from_secs(300);
-        let batch = c.park("cr", "13", at, every, false).unwrap();
-        assert_eq!(
-            batch,
-            vec![
-                ("cr".to_string(), "13".to_string()),
-                ("ds".to_string(), "11".to_string()),
-                ("pods".to_string(), "12".to_string()),
-            ]
-        );
-        c.written(&batch, at);
-        assert!(c.pending.is_empty());
-        // The interval counts from the last write.
-        assert_eq!(
-            c.park("pods", "14", at + Duration::from_secs(299), every, false),
-            None
-        );
-        assert!(c
-            .park("pods", "14", at + Duration::from_secs(300), every, false)
-            .is_some());
-    }
-
-    #[test]
-    fn shutdown_forces_the_batch_out() {
-        let t0 = Instant::now();
-        let mut c = Checkpoints::new(t0);
-        c.park("ds", "5", t0, Duration::from_secs(300), false);
-        let batch = c
-            .park("pods", "7", t0, Duration::from_secs(300), true)
-            .unwrap();
-        assert_eq!(batch.len(), 2);
-    }
-
-    #[test]
-    fn a_cursor_written_with_a_change_drops_the_older_parked_one() {
-        let t0 = Instant::now();
-        let every = Duration::from_secs(300);
-        let mut c = Checkpoints::new(t0);
-        c.park("pods", "10", t0, every, false);
-        c.forget("pods");
-        let batch = c.park("ds", "11", t0 + every, every, false).unwrap();
-        assert_eq!(batch, vec![("ds".to_string(), "11".to_string())]);
-    }
-
-    #[test]
-    fn progress_parked_during_a_write_stays_pending() {
-        let t0 = Instant::now();
-        let every = Duration::from_secs(1);
-        let mut c = Checkpoints::new(t0);
-        let batch = c.park("pods", "10", t0 + every, every, false).unwrap();
-        // Written as "10", but "pods" moved on to "12" meanwhile (not possible under the lock
-        // the reflectors hold, but `written` must not lose it if it were).
-        c.pending.insert("pods".into(), "12".into());
-        c.written(&batch, t0 + every);
-        assert_eq!(c.pending.get("pods").map(String::as_str), Some("12"));
     }
 }

@@ -9,6 +9,7 @@
 //! fails with a [`StoreError`] that says what is wrong, and only an explicit
 //! [`OpenMode::ResetCache`] moves it aside.
 
+mod cursors;
 mod journal;
 mod objects;
 mod outbox;
@@ -30,7 +31,7 @@ use std::io::Read;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
 
@@ -87,6 +88,9 @@ pub struct Store {
     changes: tokio::sync::watch::Sender<u64>,
     /// Bumped when a report (status or Event) is queued, to wake the report sender.
     reports: tokio::sync::watch::Sender<u64>,
+    /// Bookmark progress waiting to ride along with the next commit ([`cursors`]). Taken
+    /// after `conn`, never before.
+    cursors: Mutex<cursors::ParkedCursors>,
 }
 
 impl std::fmt::Debug for Store {
@@ -142,7 +146,13 @@ impl Store {
             _lock: lock,
             changes: tokio::sync::watch::channel(0).0,
             reports: tokio::sync::watch::channel(0).0,
+            cursors: Mutex::new(cursors::ParkedCursors::new(Instant::now())),
         }
+    }
+
+    fn parked(&self) -> MutexGuard<'_, cursors::ParkedCursors> {
+        // Poisoned only if a thread panicked holding it; the map is still a valid map.
+        self.cursors.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A receiver that changes whenever cached objects (or what pods reference) change.
@@ -181,24 +191,62 @@ impl Store {
 
     /// The stored resourceVersion of a watched resource, if any.
     pub fn cursor(&self, resource: &str) -> Result<Option<String>, StoreError> {
-        objects::cursor(&self.conn(), resource)
+        let rv = objects::cursor(&self.conn(), resource)?;
+        if let Some(rv) = &rv {
+            self.parked().read(resource, rv);
+        }
+        Ok(rv)
     }
 
-    /// Stores a cursor on its own; the sync batches bookmarks through [`Store::set_cursors`].
+    /// Stores a cursor on its own; the sync parks bookmark progress with [`Store::park_cursor`].
     pub fn set_cursor(&self, resource: &str, rv: &str) -> Result<(), StoreError> {
-        objects::set_cursor(&self.conn(), resource, rv)
+        let conn = self.conn();
+        objects::set_cursor(&conn, resource, rv)?;
+        self.parked().stored(resource, rv);
+        Ok(())
     }
 
-    /// Stores several cursors in one transaction (the reflectors' bookmark-only progress):
-    /// one commit, so one WAL frame for all of them, where one each cost a frame each.
-    pub fn set_cursors(&self, cursors: &[(String, String)]) -> Result<(), StoreError> {
+    /// `resource` reached `rv` with no object change (a bookmark): the progress waits in
+    /// memory, rides along with the next commit, and is written by
+    /// [`Store::checkpoint_cursors`] when none comes.
+    pub fn park_cursor(&self, resource: &str, rv: &str) {
+        self.parked().park(resource, rv);
+    }
+
+    /// Writes every parked cursor in one transaction once cursors were last written at least
+    /// `every` ago (or when `force`d, at shutdown); returns how many it wrote.
+    pub fn checkpoint_cursors(&self, every: Duration, force: bool) -> Result<usize, StoreError> {
         let mut conn = self.conn();
+        let Some(batch) = self.parked().due(Instant::now(), every, force) else {
+            return Ok(0);
+        };
         let tx = conn.transaction()?;
-        for (resource, rv) in cursors {
+        for (resource, rv) in &batch {
             objects::set_cursor(&tx, resource, rv)?;
         }
         tx.commit()?;
-        Ok(())
+        self.parked().written(&batch, Instant::now());
+        Ok(batch.len())
+    }
+
+    /// The parked cursors to ride along with a commit about to happen: taken after `conn` is
+    /// locked, so no other write can take them meanwhile; `own` is the cursor the commit
+    /// writes itself, whose older parked progress is dropped.
+    fn ride_along(&self, own: Option<&str>) -> cursors::Batch {
+        let mut p = self.parked();
+        if let Some(k) = own {
+            p.forget(k);
+        }
+        p.batch()
+    }
+
+    /// After a commit that carried `batch` (and `own`, its own cursor).
+    fn rode_along(&self, batch: &[(String, String)], own: Option<(&str, &str)>) {
+        let mut p = self.parked();
+        p.written(batch, Instant::now());
+        if let Some((k, rv)) = own {
+            p.stored(k, rv);
+        }
     }
 
     /// Forgets what the current sync selection no longer covers: cursors whose key is not in
@@ -221,7 +269,13 @@ impl Store {
         changes: &[Change],
         cursor: Option<(&str, &str)>,
     ) -> Result<ApplyStats, StoreError> {
-        let stats = objects::apply(&mut self.conn(), kind, changes, cursor)?;
+        let mut conn = self.conn();
+        let parked = self.ride_along(cursor.map(|c| c.0));
+        let stats = objects::apply(&mut conn, kind, changes, cursor, &parked)?;
+        if stats.touched() {
+            self.rode_along(&parked, cursor);
+        }
+        drop(conn);
         self.changed(&stats);
         Ok(stats)
     }
@@ -246,7 +300,11 @@ impl Store {
         items: &[StoredObject],
         cursor: (&str, &str),
     ) -> Result<ApplyStats, StoreError> {
-        let stats = objects::replace_all(&mut self.conn(), kind, namespace, items, cursor)?;
+        let mut conn = self.conn();
+        let parked = self.ride_along(Some(cursor.0));
+        let stats = objects::replace_all(&mut conn, kind, namespace, items, cursor, &parked)?;
+        self.rode_along(&parked, Some(cursor));
+        drop(conn);
         self.changed(&stats);
         Ok(stats)
     }
@@ -486,14 +544,19 @@ impl Store {
     }
 
     /// Stores tokens in one transaction (a renewal round: one commit on flash, not one per
-    /// pod); subscribers hear of them once.
+    /// pod), parked cursors riding along; subscribers hear of them once.
     pub fn put_tokens(&self, tokens: &[CachedToken]) -> Result<(), StoreError> {
         let mut conn = self.conn();
+        let parked = self.ride_along(None);
         let tx = conn.transaction()?;
         for t in tokens {
             sources::put_token(&tx, t)?;
         }
+        for (resource, rv) in &parked {
+            objects::set_cursor(&tx, resource, rv)?;
+        }
         tx.commit()?;
+        self.rode_along(&parked, None);
         drop(conn);
         self.notify();
         Ok(())

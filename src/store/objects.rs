@@ -297,11 +297,14 @@ fn is_unchanged(conn: &Connection, obj: &StoredObject) -> rusqlite::Result<bool>
     })
 }
 
+/// Applies `changes`, writing only what changed; the transaction (if there is one) also
+/// writes `cursor` and the `parked` cursors riding along.
 pub fn apply(
     conn: &mut Connection,
     kind: Kind,
     changes: &[Change],
     cursor: Option<(&str, &str)>,
+    parked: &[(String, String)],
 ) -> Result<ApplyStats, StoreError> {
     // Decide first, outside any write transaction, so that no-op events cost no disk write.
     let mut stats = ApplyStats::default();
@@ -342,6 +345,9 @@ pub fn apply(
             }
         }
     }
+    for (resource, rv) in parked {
+        set_cursor(&tx, resource, rv)?;
+    }
     if let Some((resource, rv)) = cursor {
         set_cursor(&tx, resource, rv)?;
     }
@@ -355,6 +361,7 @@ pub fn replace_all(
     namespace: Option<&str>,
     items: &[StoredObject],
     (resource, rv): (&str, &str),
+    parked: &[(String, String)],
 ) -> Result<ApplyStats, StoreError> {
     let mut stats = ApplyStats::default();
     let tx = conn.transaction()?;
@@ -389,6 +396,9 @@ pub fn replace_all(
     };
     for (ns, name) in &stale {
         stats.deleted += delete(&tx, kind, ns, name)?;
+    }
+    for (k, v) in parked {
+        set_cursor(&tx, k, v)?;
     }
     set_cursor(&tx, resource, rv)?;
     tx.commit()?;

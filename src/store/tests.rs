@@ -530,3 +530,62 @@ fn a_node_heartbeat_writes_nothing_and_a_label_change_does() {
         node("3", "t3", "b")
     );
 }
+
+#[test]
+fn parked_cursors_ride_along_with_the_next_commit_or_wait_for_the_interval() {
+    let (_d, path) = db();
+    let s = Store::open(&path, OpenMode::Normal).unwrap();
+    let on_disk = |key: &str| objects::cursor(&s.conn(), key).unwrap();
+    let hour = Duration::from_secs(3600);
+    s.park_cursor("ds", "5");
+    s.park_cursor("cr", "6");
+    assert_eq!(s.checkpoint_cursors(hour, false).unwrap(), 0, "not due yet");
+    assert_eq!(on_disk("ds"), None);
+    // An object change carries them, and its own cursor.
+    s.park_cursor("pods", "7");
+    s.apply(
+        Kind::Pod,
+        &[Change::Upsert(pod("a", "8"))],
+        Some(("pods", "8")),
+    )
+    .unwrap();
+    assert_eq!(
+        (on_disk("ds"), on_disk("cr"), on_disk("pods")),
+        (Some("5".into()), Some("6".into()), Some("8".into()))
+    );
+    assert_eq!(s.checkpoint_cursors(hour, true).unwrap(), 0, "nothing left");
+    // An event that changes nothing writes nothing, parked progress included.
+    s.park_cursor("ds", "9");
+    s.apply(
+        Kind::Pod,
+        &[Change::Upsert(pod("a", "8"))],
+        Some(("pods", "10")),
+    )
+    .unwrap();
+    assert_eq!(on_disk("ds").as_deref(), Some("5"));
+    // A round of tokens carries it.
+    s.put_tokens(&[CachedToken {
+        pod_uid: "uid-a".into(),
+        audience: String::new(),
+        expiration_secs: 3607,
+        token: "t".into(),
+        issued_ms: 1,
+        expires_ms: 2,
+    }])
+    .unwrap();
+    assert_eq!(on_disk("ds").as_deref(), Some("9"));
+    // A bookmark at the version on disk is no progress; a new one waits for the interval
+    // from that last write, or is forced out at shutdown.
+    s.park_cursor("ds", "9");
+    assert_eq!(s.checkpoint_cursors(Duration::ZERO, false).unwrap(), 0);
+    s.park_cursor("ds", "11");
+    assert_eq!(s.checkpoint_cursors(hour, false).unwrap(), 0);
+    assert_eq!(s.checkpoint_cursors(hour, true).unwrap(), 1);
+    assert_eq!(on_disk("ds").as_deref(), Some("11"));
+    // A relist's own cursor wins over an older parked one of the same reflector.
+    s.park_cursor("pods", "12");
+    s.replace_all(Kind::Pod, None, &[pod("a", "13")], ("pods", "13"))
+        .unwrap();
+    assert_eq!(s.checkpoint_cursors(Duration::ZERO, true).unwrap(), 0);
+    assert_eq!(on_disk("pods").as_deref(), Some("13"));
+}
