@@ -20,7 +20,7 @@ mod support;
 use edgehub_testsupport::FakeApiServer;
 use serde_json::json;
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use support::{metric, Edge};
 
@@ -50,12 +50,42 @@ struct Outcome {
     per_second: Vec<usize>,
 }
 
-fn pod_changed(e: &Edge) -> i64 {
+/// A device has its two pods and the two revisions of the start.
+fn synced(db: &Path) -> bool {
+    support::count_rows(db, "Pod") == 2 && support::count_rows(db, "ControllerRevision") == 2
+}
+
+/// A device has what changed during the cut: both pods modified, the third revision.
+fn caught_up(db: &Path) -> bool {
     support::query_count(
-        &e.db(),
+        db,
         "SELECT count(*) FROM objects WHERE kind = 'Pod' AND raw LIKE ?1",
         "%fleet/changed%",
-    )
+    ) == 2
+        && support::count_rows(db, "ControllerRevision") == 3
+}
+
+/// Seconds until `done` held for every device's database, or `None` after `limit`. The
+/// checks run off the runtime's worker threads, where the fake apiserver runs, every
+/// 500 ms, and only for the devices not done yet: polling 50 databases every 50 ms on those
+/// threads starved the apiserver, so a fleet on two loaded cores never finished starting.
+async fn until_all(dbs: &[PathBuf], limit: Duration, done: fn(&Path) -> bool) -> Option<f64> {
+    let start = Instant::now();
+    let mut pending = dbs.to_vec();
+    loop {
+        let check = std::mem::take(&mut pending);
+        pending =
+            tokio::task::spawn_blocking(move || check.into_iter().filter(|d| !done(d)).collect())
+                .await
+                .expect("the poll task");
+        if pending.is_empty() {
+            return Some(start.elapsed().as_secs_f64());
+        }
+        if start.elapsed() >= limit {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 fn lease_of(server: &FakeApiServer, node: &str) -> bool {
@@ -102,15 +132,31 @@ async fn fleet(bin: &Path, devices: usize, offline: Duration, jitter: bool) -> O
     for e in &mut edges {
         e.start(env);
     }
-    let up = support::wait_for(180, || {
-        edges
-            .iter()
-            .all(|e| e.cached("Pod") == 2 && e.cached("ControllerRevision") == 2)
-            && names.iter().all(|n| lease_of(&server, n))
-    })
-    .await;
+    let dbs: Vec<PathBuf> = edges.iter().map(Edge::db).collect();
+    let up = until_all(&dbs, Duration::from_secs(180), synced)
+        .await
+        .is_some()
+        && support::wait_for(30, || names.iter().all(|n| lease_of(&server, n))).await;
     if !up {
-        println!("  fleet ({tag}): not all {devices} devices synced after 180 s");
+        let behind: Vec<&str> = names
+            .iter()
+            .zip(&dbs)
+            .filter(|(n, db)| !synced(db) || !lease_of(&server, n))
+            .map(|(n, _)| n.as_str())
+            .collect();
+        println!(
+            "  fleet ({tag}): {} of {devices} devices not synced after 180 s: {behind:?}",
+            behind.len()
+        );
+        if let Some(n) = behind.first() {
+            let log =
+                std::fs::read_to_string(dir.path().join(n).join("edgehub.log")).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(15).collect();
+            println!("  the last lines of {n}'s log:");
+            for l in tail.iter().rev() {
+                println!("    {l}");
+            }
+        }
         return None;
     }
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -135,17 +181,8 @@ async fn fleet(bin: &Path, devices: usize, offline: Duration, jitter: bool) -> O
     server.clear_log();
     server.set_offline(false).await.expect("online");
     let restored = Instant::now();
-    let mut converged_s = None;
-    while restored.elapsed() < AFTER {
-        if converged_s.is_none()
-            && edges
-                .iter()
-                .all(|e| pod_changed(e) == 2 && e.cached("ControllerRevision") == 3)
-        {
-            converged_s = Some(restored.elapsed().as_secs_f64());
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let converged_s = until_all(&dbs, AFTER, caught_up).await;
+    tokio::time::sleep(AFTER.saturating_sub(restored.elapsed())).await;
     let log = server.requests();
     for e in &mut edges {
         e.stop();

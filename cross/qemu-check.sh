@@ -35,19 +35,8 @@ build_tests() {
     mkdir -p "$tdir"
     cargo zigbuild --locked --quiet -p edgehub --target "$t" --tests --target-dir "$tdir" \
         --message-format=json 2>"$tdir/build.log" |
-        python3 -c '
-import json, sys
-for line in sys.stdin:
-    try:
-        m = json.loads(line)
-    except ValueError:
-        continue
-    if m.get("reason") != "compiler-artifact" or not m.get("executable") or not m["profile"]["test"]:
-        continue
-    if m["target"]["kind"] == ["bin"] or m["target"]["name"] in ("cli", "yocto", "logs", "demo", "upgrade", "report"):
-        continue
-    print(m["executable"])
-' >"$list.tmp" || { cat "$tdir/build.log" >&2; echo "error: the aarch64 tests did not build" >&2; exit 1; }
+        python3 scripts/cargo-executables.py --test --exclude cli,yocto,logs,demo,upgrade,report \
+            >"$list.tmp" || { cat "$tdir/build.log" >&2; echo "error: the aarch64 tests did not build" >&2; exit 1; }
     [ -s "$list.tmp" ] || { cat "$tdir/build.log" >&2; echo "error: no aarch64 test binaries were built" >&2; exit 1; }
     mv "$list.tmp" "$list"
 }

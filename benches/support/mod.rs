@@ -37,11 +37,27 @@ pub fn edgehub_bin() -> Option<PathBuf> {
     found
 }
 
+/// A port for an edgehub's local API, distinct for every call in this process. Taken below
+/// the kernel's ephemeral range (32768 and up): a port the kernel handed out (`bind(0)`)
+/// and released could be handed out again to one of the many connections a fleet opens
+/// before the edgehub meant to listen on it starts, and that edgehub then exits with
+/// "address in use".
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let _ = NEXT.compare_exchange(
+        0,
+        20_000 + fastrand::u16(0..8_000),
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    loop {
+        let port = NEXT.fetch_add(1, Ordering::SeqCst);
+        assert!(port < 32_768, "no free port left below the ephemeral range");
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// The recorded telemetry pod (two containers, a ConfigMap volume, the projected token; about

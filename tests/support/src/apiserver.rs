@@ -222,6 +222,8 @@ struct State {
     /// answers 403 "no relationship found", as a real apiserver's does for a moment.
     authorizer_lag_ms: AtomicU64,
     uid_counter: AtomicU64,
+    /// Issued tokens are padded to this length (0: short test tokens).
+    token_len: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -279,6 +281,7 @@ impl FakeApiServer {
             bookmark_ms: AtomicU64::new(60_000),
             authorizer_lag_ms: AtomicU64::new(0),
             uid_counter: AtomicU64::new(1),
+            token_len: AtomicU64::new(0),
         });
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
@@ -573,6 +576,12 @@ impl FakeApiServer {
     /// Makes the Node authorizer lag: for `lag` after a pod is bound, the ConfigMaps and
     /// Secrets it references answer the recorded 403 (fixture
     /// `configmap_get_unreferenced_forbidden`).
+    /// Issued service-account tokens are `len` bytes long, as a real bound token's JWT is
+    /// (about 1 KB), for benchmarks that count what storing them costs.
+    pub fn set_token_len(&self, len: usize) {
+        self.state.token_len.store(len as u64, Ordering::SeqCst);
+    }
+
     pub fn set_authorizer_lag(&self, lag: Duration) {
         self.state
             .authorizer_lag_ms
@@ -1857,12 +1866,24 @@ fn token_request(
         .get("expirationSeconds")
         .and_then(Value::as_i64)
         .unwrap_or(3600);
+    let mut token = format!("fake-token-for-{pod}");
+    let len = state.token_len.load(Ordering::SeqCst) as usize;
+    if token.len() < len {
+        // Distinct per request, as a JWT's iat and signature are: equal bytes would let a
+        // storage layer's comparison skip the write.
+        let seq = state.uid_counter.fetch_add(1, Ordering::SeqCst);
+        token.push('.');
+        while token.len() < len {
+            token.push_str(&format!("{seq:016x}"));
+        }
+        token.truncate(len);
+    }
     let out = json!({
         "kind": "TokenRequest",
         "apiVersion": "authentication.k8s.io/v1",
         "metadata": {"name": sa, "namespace": ns, "uid": state.new_uid(), "creationTimestamp": now_rfc3339()},
         "spec": spec,
-        "status": {"token": format!("fake-token-for-{pod}"), "expirationTimestamp": rfc3339(unix_now() + ttl)},
+        "status": {"token": token, "expirationTimestamp": rfc3339(unix_now() + ttl)},
     });
     json_response(201, &out)
 }
