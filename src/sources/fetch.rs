@@ -276,17 +276,19 @@ impl Fetcher {
                 r = changes.changed() => { if r.is_err() { break; } }
                 _ = shutdown.changed() => break,
             }
-            let pods = match self.store.list(crate::object::Kind::Pod) {
-                Ok(p) => p,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot read the cached pods");
-                    wait = self.refresh;
-                    continue;
-                }
-            };
             // Only the pods' indexes and references stay for the refresh, which awaits the
-            // apiserver: the pods' JSON is dropped here, not held across those requests.
-            let refs = pod_references(pods);
+            // apiserver: the pods' JSON is read a few at a time and dropped.
+            let mut refs = Vec::new();
+            let read = self
+                .store
+                .for_each_chunk(crate::object::Kind::Pod, 16, |pods| {
+                    refs.extend(pod_references(pods))
+                });
+            if let Err(e) = read {
+                tracing::warn!(error = %e, "cannot read the cached pods");
+                wait = self.refresh;
+                continue;
+            }
             match self.refresh(&refs).await {
                 Ok(st) => {
                     if st.offline != offline {

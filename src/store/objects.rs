@@ -101,6 +101,27 @@ pub fn list(conn: &Connection, kind: Kind) -> Result<Vec<StoredObject>, StoreErr
     rows.map(|r| fix_kind(r?)).collect()
 }
 
+/// Up to `limit` objects of `kind` after `(namespace, name)` (from the start when `None`), in
+/// the order of [`list`].
+pub fn list_after(
+    conn: &Connection,
+    kind: Kind,
+    after: Option<(&str, &str)>,
+    limit: usize,
+) -> Result<Vec<StoredObject>, StoreError> {
+    let sql = format!(
+        "SELECT {COLUMNS} FROM objects WHERE kind = ?1 AND (?2 IS NULL OR (namespace, name) > (?2, ?3))
+         ORDER BY namespace, name LIMIT ?4"
+    );
+    let mut stmt = conn.prepare_cached(&sql)?;
+    let (ns, name) = after.unzip();
+    let rows = stmt.query_map(
+        params![kind.as_str(), ns, name, limit as i64],
+        row_to_object,
+    )?;
+    rows.map(|r| fix_kind(r?)).collect()
+}
+
 /// The index of every object of `kind`, without reading the JSON (an empty `raw`).
 pub fn list_index(conn: &Connection, kind: Kind) -> Result<Vec<ObjectIndex>, StoreError> {
     let sql = format!(

@@ -589,3 +589,32 @@ fn parked_cursors_ride_along_with_the_next_commit_or_wait_for_the_interval() {
     assert_eq!(s.checkpoint_cursors(Duration::ZERO, true).unwrap(), 0);
     assert_eq!(on_disk("pods").as_deref(), Some("13"));
 }
+
+#[test]
+fn objects_come_a_chunk_at_a_time_in_list_order() {
+    let (_d, path) = db();
+    let s = Store::open(&path, OpenMode::Normal).unwrap();
+    let names = ["a", "b", "c", "d", "e"];
+    let pods: Vec<StoredObject> = names.iter().map(|n| pod(n, "1")).collect();
+    s.replace_all(Kind::Pod, None, &pods, ("pods", "1"))
+        .unwrap();
+    for (chunk, sizes) in [
+        (2, vec![2, 2, 1]),
+        (5, vec![5]),
+        (1, vec![1; 5]),
+        (0, vec![1; 5]),
+    ] {
+        let mut seen = Vec::new();
+        let mut got = Vec::new();
+        s.for_each_chunk(Kind::Pod, chunk, |c| {
+            got.push(c.len());
+            seen.extend(c.into_iter().map(|o| o.index.name));
+        })
+        .unwrap();
+        assert_eq!(got, sizes, "chunk {chunk}");
+        assert_eq!(seen, names, "chunk {chunk}");
+    }
+    let mut calls = 0;
+    s.for_each_chunk(Kind::Node, 2, |_| calls += 1).unwrap();
+    assert_eq!(calls, 0, "nothing cached, nothing handed over");
+}
