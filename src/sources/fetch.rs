@@ -7,7 +7,8 @@
 //! treats as a read of that object), then a watch from that version. An idle watch costs no
 //! request until the server ends it (30 to 60 minutes here), where polling every object every
 //! minute cost one request per object per minute. Tokens are renewed after 80 % of their
-//! lifetime, as the kubelet does.
+//! lifetime, as the kubelet does, and a node's tokens together, in one write
+//! ([`tokens_to_renew`]).
 //!
 //! Right after a pod is bound, the Node authorizer may not know yet that it references an
 //! object and answers 403 "no relationship found"; that is retried quietly every 250 ms for
