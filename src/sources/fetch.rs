@@ -78,12 +78,13 @@ pub fn token_due(now_ms: i64, issued_ms: i64, expires_ms: i64) -> bool {
 /// with them every token past 40 % of its life.
 ///
 /// Why the early ones: every renewal is a database commit, and on flash a commit costs
-/// about 16 KiB of writes whatever it holds (a WAL frame across two pages, two pages of the
-/// -shm index). Tokens renewed each on its own cost one commit per pod every 48 minutes (80 %
-/// of the usual 3607 s): 100 KiB/h for 5 pods, the whole budget. Renewed together, they are
-/// one commit. 40 % is half of the 80 % renewal point, so any two groups of tokens issued at
+/// 20–28 KiB of writes whatever it holds (`store::cursors` says where they go). Tokens
+/// renewed each on its own cost one commit per pod every 48 minutes (80 % of the usual
+/// 3607 s): about the whole 100 KiB/h budget for 5 pods. Renewed together, they are one
+/// commit. 40 % is half of the 80 % renewal point, so any two groups of tokens issued at
 /// different times merge at the first renewal of either: afterwards all of a node's tokens
-/// fall due together, and none is requested earlier than the kubelet would.
+/// fall due together, and none is requested earlier than the kubelet would; only the merge
+/// itself renews some early, once.
 pub fn tokens_to_renew(now_ms: i64, cached: &[Option<(i64, i64)>]) -> Vec<bool> {
     let due = |t: &Option<(i64, i64)>| t.is_none_or(|(i, e)| token_due(now_ms, i, e));
     if !cached.iter().any(due) {
