@@ -4,6 +4,8 @@
 # locally built images pushed to it:
 #   127.0.0.1:5000/busybox:1.0 and :2.0   print "hello from 1.0" / "hello from 2.0" every second
 #   127.0.0.1:5000/busybox:3.0-crash      prints once and exits 3 (rollback tests)
+#   127.0.0.1:5000/web:1.0 and :2.0       as busybox 1.0 / 2.0 ("hello from 2.0 (web)"), and
+#                                         serve HTTP on port 8080 (httpGet probes, pod network)
 #   127.0.0.1:5000/pause:1.0              the sandbox image
 #   127.0.0.1:5001/private/busybox:1.0    behind a password (imagePullSecrets tests)
 # Pods without hostNetwork get an address on the bridge eh-test0 (10.88.42.0/24) through CNI.
@@ -36,14 +38,19 @@ alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 sha() { sha256sum "$1" | cut -d' ' -f1; }
 
-# mk_image REPO TAG CMD_JSON: an OCI layout of busybox-static with CMD, pushed to the registry.
+# mk_image REPO TAG CMD_JSON [WWW]: an OCI layout of busybox-static with CMD, pushed to the
+# registry; with WWW, /www/index.html holds that text (for busybox httpd).
 mk_image() {
-    local repo=$1 tag=$2 cmd=$3 w arch
+    local repo=$1 tag=$2 cmd=$3 www=${4:-} w arch
     w=$D/images/$repo-$tag
     arch=$(dpkg --print-architecture)
     rm -rf "$w" && mkdir -p "$w/rootfs/bin" "$w/oci/blobs/sha256"
     cp /bin/busybox "$w/rootfs/bin/busybox"
     for a in sh echo sleep true false cat ls ps date env hostname id; do ln -s busybox "$w/rootfs/bin/$a"; done
+    if [ -n "$www" ]; then
+        ln -s busybox "$w/rootfs/bin/httpd"
+        mkdir -p "$w/rootfs/www" && printf '%s\n' "$www" >"$w/rootfs/www/index.html"
+    fi
     mkdir -p "$w/rootfs/tmp" "$w/rootfs/etc" "$w/rootfs/proc" "$w/rootfs/sys" "$w/rootfs/dev"
     tar -C "$w/rootfs" --sort=name --mtime=@0 --numeric-owner --owner=0 --group=0 -cf "$w/layer.tar" .
     gzip -n -c "$w/layer.tar" >"$w/layer.tar.gz"
@@ -213,6 +220,15 @@ start() {
     if [ ! -f "$D/images-crash.done" ]; then
         mk_image busybox 3.0-crash '["sh","-c","echo hello from 3.0 and goodbye; exit 3"]'
         touch "$D/images-crash.done"
+    fi
+    # Pods on the pod network with httpGet readiness probes: the same lines as busybox, and
+    # an HTTP server on 8080 (httpd forks into the background; the shell stays PID 1).
+    if [ ! -f "$D/images-web.done" ]; then
+        local v
+        for v in 1.0 2.0; do
+            mk_image web "$v" "[\"sh\",\"-c\",\"httpd -p 8080 -h /www; while true; do echo 'hello from $v (web)'; sleep 1; done\"]" "web $v"
+        done
+        touch "$D/images-web.done"
     fi
     start_auth_registry
     if [ ! -f "$D/images-auth.done" ]; then

@@ -172,6 +172,7 @@ struct FileReport {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileUpgrade {
+    inputs_timeout_secs: Option<u64>,
     pull_timeout_secs: Option<u64>,
     swap_timeout_secs: Option<u64>,
     verify_timeout_secs: Option<u64>,
@@ -450,6 +451,12 @@ impl Config {
         let u = file.upgrade;
         let upgrade = crate::upgrade::UpgradeConfig {
             deadlines: crate::upgrade::machine::Deadlines {
+                requested: Duration::from_secs(secs(
+                    "upgrade.inputs_timeout_secs",
+                    u.inputs_timeout_secs,
+                    120,
+                    86_400,
+                )?),
                 pulling: Duration::from_secs(secs(
                     "upgrade.pull_timeout_secs",
                     u.pull_timeout_secs,

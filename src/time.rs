@@ -1,6 +1,13 @@
-//! RFC 3339 timestamps as the Kubernetes API writes them, without a date crate: the API needs
-//! only UTC formatting.
+//! Time, two ways:
+//! - RFC 3339 timestamps as the Kubernetes API writes them, without a date crate (the API needs
+//!   only UTC formatting), and the wall clock in milliseconds for what is shown or sent;
+//! - the boot clock ([`boot_ms`], [`boot_id`]) for every duration edgehub enforces: deadlines,
+//!   holds, expiries. Vehicles boot with a wrong wall clock and jump when GPS or NTP arrives;
+//!   CLOCK_BOOTTIME never jumps, keeps counting through suspend, and means the same to a
+//!   restarted edgehub within one boot. A point stored with the boot id of another boot says
+//!   nothing, and is treated as such by whoever reads it.
 
+use std::sync::OnceLock;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Days since 1970-01-01 to (year, month, day), after Howard Hinnant's `civil_from_days`.
@@ -85,6 +92,51 @@ pub fn now() -> String {
     rfc3339(SystemTime::now())
 }
 
+/// Milliseconds on CLOCK_BOOTTIME: since this boot, never set, never jumping.
+pub fn boot_ms() -> i64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec we own; CLOCK_BOOTTIME exists on every Linux
+    // edgehub supports (2.6.39 and later).
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    if rc != 0 {
+        // Not expected on Linux; the monotonic clock is the next best (it stops in suspend).
+        return std::time::Instant::now()
+            .duration_since(*process_start())
+            .as_millis() as i64;
+    }
+    // time_t and c_long are i64 on the 64-bit targets, narrower elsewhere.
+    #[allow(clippy::unnecessary_cast)]
+    let ms = ts.tv_sec as i64 * 1000 + ts.tv_nsec as i64 / 1_000_000;
+    ms
+}
+
+fn process_start() -> &'static std::time::Instant {
+    static START: OnceLock<std::time::Instant> = OnceLock::new();
+    START.get_or_init(std::time::Instant::now)
+}
+
+/// The kernel's id of this boot: a point on [`boot_ms`] is meaningful only with the same id.
+/// Without /proc (never on a device), an id of this process, so nothing stored is trusted
+/// across a restart.
+pub fn boot_id() -> &'static str {
+    static ID: OnceLock<String> = OnceLock::new();
+    ID.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .map(|s| s.trim().to_string())
+            .ok()
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| format!("process-{}-{}", std::process::id(), now_ms()))
+    })
+}
+
+/// A point on the boot clock as stored: readable only in the boot it was taken in.
+pub fn boot_point(stored_boot: Option<&str>, ms: Option<i64>) -> Option<i64> {
+    ms.filter(|_| stored_boot == Some(boot_id()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,6 +160,19 @@ mod tests {
             rfc3339(UNIX_EPOCH + Duration::from_secs(1_735_689_599)),
             "2024-12-31T23:59:59Z"
         );
+    }
+
+    #[test]
+    fn the_boot_clock_moves_forward_and_knows_its_boot() {
+        let a = boot_ms();
+        std::thread::sleep(Duration::from_millis(20));
+        let b = boot_ms();
+        assert!(b - a >= 20, "{a} {b}");
+        assert!(a > 0);
+        assert_eq!(boot_id().len(), 36, "{}", boot_id());
+        assert_eq!(boot_point(Some(boot_id()), Some(5)), Some(5));
+        assert_eq!(boot_point(Some("another-boot"), Some(5)), None);
+        assert_eq!(boot_point(None, Some(5)), None);
     }
 
     #[test]

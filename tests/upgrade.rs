@@ -7,15 +7,45 @@ mod common;
 #[path = "common/edge.rs"]
 mod edge;
 
-use edge::node;
+use edge::{node, node_shaped, Shape};
 use edgehub::cri::{api, labels, CriRuntime};
 use std::time::{Duration, Instant};
+
+/// A short tag per shape, for node names.
+fn tag(shape: Shape) -> &'static str {
+    match shape {
+        Shape::HostNetwork => "",
+        Shape::PodNetwork => "pn",
+    }
+}
+
+/// Adds a variable to the app container's environment.
+fn add_env(spec: &mut serde_json::Value, name: &str, value: &str) {
+    let app = &mut spec["containers"][0];
+    if !app["env"].is_array() {
+        app["env"] = serde_json::json!([]);
+    }
+    if let Some(env) = app["env"].as_array_mut() {
+        env.push(serde_json::json!({"name": name, "value": value}));
+    }
+}
 
 /// busybox 1.0 -> 2.0 with the link down: only the changed container is replaced, in the
 /// same sandbox; the new process prints the new line; `GET /pods` says the pod is current.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_offline_upgrade_swaps_the_changed_container_in_place() {
-    let mut n = node("inplace").await;
+    in_place(Shape::HostNetwork).await
+}
+
+/// The same on the pod network: the new container's httpGet readiness probe reaches it at
+/// the sandbox's address, and `POD_IP` is that address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offline_upgrade_in_place_on_the_pod_network_probes_the_pod_and_keeps_its_ip() {
+    in_place(Shape::PodNetwork).await
+}
+
+async fn in_place(shape: Shape) {
+    let mut n = node_shaped(&format!("inplace{}", tag(shape)), shape).await;
     n.rolled_and_offline().await;
     let sandboxes = n.sandboxes().await;
     let sidecar = n.running("sidecar").await[0].id.clone();
@@ -32,16 +62,22 @@ async fn an_offline_upgrade_swaps_the_changed_container_in_place() {
     let app = n.running("app").await;
     assert_eq!(app.len(), 1);
     assert_ne!(app[0].id, old_app.id, "the app container was replaced");
-    assert_eq!(
-        app[0].image.as_ref().unwrap().image,
-        "127.0.0.1:5000/busybox:2.0"
-    );
+    assert_eq!(app[0].image.as_ref().unwrap().image, n.image("2.0"));
     let attempt = app[0].metadata.as_ref().unwrap().attempt;
     n.wait_for(10, "the new process prints the new line", |n| async move {
         n.pod_log("app", attempt).contains("hello from 2.0")
     })
     .await;
     assert_eq!(n.sandboxes().await, sandboxes, "same sandbox (and pod IP)");
+    if shape == Shape::PodNetwork {
+        let ip = n.sandbox_ip(&sandboxes[0]).await;
+        assert!(!ip.is_empty(), "the sandbox has a pod-network address");
+        let env = n.env_of(&app[0].id).await;
+        assert!(
+            env.lines().any(|l| l == format!("POD_IP={ip}")),
+            "the new container's POD_IP is the pod's address {ip}:\n{env}"
+        );
+    }
     assert_eq!(
         n.running("sidecar").await[0].id,
         sidecar,
@@ -64,7 +100,7 @@ async fn an_offline_upgrade_swaps_the_changed_container_in_place() {
                 .as_array()
                 .into_iter()
                 .flatten()
-                .any(|c| c["name"] == "app" && c["image"] == "127.0.0.1:5000/busybox:2.0")
+                .any(|c| c["name"] == "app" && c["image"] == n.image("2.0").as_str())
         })
     })
     .await;
@@ -77,7 +113,17 @@ async fn an_offline_upgrade_swaps_the_changed_container_in_place() {
 /// A new image that exits at once: the upgrade rolls back, and the old image runs again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_container_that_exits_rolls_back_to_the_old_image() {
-    let mut n = node("crash").await;
+    rolls_back_a_crash(Shape::HostNetwork).await
+}
+
+/// The same on the pod network: the restored container has its `POD_IP` again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollback_on_the_pod_network_restores_the_old_image_with_its_pod_ip() {
+    rolls_back_a_crash(Shape::PodNetwork).await
+}
+
+async fn rolls_back_a_crash(shape: Shape) {
+    let mut n = node_shaped(&format!("crash{}", tag(shape)), shape).await;
     n.rolled_to_and_offline(Some("127.0.0.1:5000/busybox:3.0-crash"))
         .await;
     let sidecar = n.running("sidecar").await[0].id.clone();
@@ -94,10 +140,15 @@ async fn a_new_container_that_exits_rolls_back_to_the_old_image() {
     );
     let app = n.running("app").await;
     assert_eq!(app.len(), 1, "the old spec runs again");
-    assert_eq!(
-        app[0].image.as_ref().unwrap().image,
-        "127.0.0.1:5000/busybox:1.0"
-    );
+    assert_eq!(app[0].image.as_ref().unwrap().image, n.image("1.0"));
+    if shape == Shape::PodNetwork {
+        let ip = n.sandbox_ip(&n.sandboxes().await[0]).await;
+        let env = n.env_of(&app[0].id).await;
+        assert!(
+            !ip.is_empty() && env.lines().any(|l| l == format!("POD_IP={ip}")),
+            "the restored container's POD_IP is the pod's address {ip:?}:\n{env}"
+        );
+    }
     assert!(
         n.containers()
             .await
@@ -308,7 +359,7 @@ async fn a_new_revision_is_prepulled_and_the_pod_says_so() {
         n.running("app").await.len() == 1
     })
     .await;
-    n.server.roll_telemetry();
+    n.roll();
     n.wait_for(30, "PodImageReady True for revision 2", |n| async move {
         n.condition("PodImageReady").is_some_and(|c| {
             c["status"] == "True" && c["message"] == "controllerrevision: 55778fbb9f"
@@ -328,9 +379,20 @@ async fn a_new_revision_is_prepulled_and_the_pod_says_so() {
 /// removed; the new process sees the new value.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_env_change_recreates_the_pod_offline() {
-    let mut n = node("recreate").await;
+    recreates(Shape::HostNetwork).await
+}
+
+/// The same on the pod network: the new sandbox starts beside the old one, its containers
+/// get its address as `POD_IP`, and their httpGet probes reach them there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recreate_on_the_pod_network_probes_and_addresses_the_new_pod() {
+    recreates(Shape::PodNetwork).await
+}
+
+async fn recreates(shape: Shape) {
+    let mut n = node_shaped(&format!("recreate{}", tag(shape)), shape).await;
     n.edited_and_offline(|spec| {
-        spec["containers"][0]["env"] = serde_json::json!([{"name": "LEVEL", "value": "debug"}]);
+        add_env(spec, "LEVEL", "debug");
     })
     .await;
     let before = n.sandboxes().await;
@@ -352,6 +414,14 @@ async fn an_env_change_recreates_the_pod_offline() {
         String::from_utf8_lossy(&env.stdout).contains("LEVEL=debug"),
         "the new spec runs"
     );
+    if shape == Shape::PodNetwork {
+        let ip = n.sandbox_ip(&after[0]).await;
+        assert!(
+            !ip.is_empty()
+                && String::from_utf8_lossy(&env.stdout).contains(&format!("POD_IP={ip}\n")),
+            "the new containers' POD_IP is the new pod's address {ip:?}"
+        );
+    }
     assert_eq!(n.running("sidecar").await.len(), 1);
     assert_eq!(n.need().unwrap()["status"], "False");
     // The runtime keeps the new spec: nothing is recreated again.
@@ -417,10 +487,19 @@ async fn a_recreate_runs_the_new_init_container_first() {
 /// old spec again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_recreate_rolls_back_to_the_old_pod() {
-    let mut n = node("recfail").await;
+    recreate_fails(Shape::HostNetwork).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_recreate_on_the_pod_network_rolls_back_to_the_old_pod() {
+    recreate_fails(Shape::PodNetwork).await
+}
+
+async fn recreate_fails(shape: Shape) {
+    let mut n = node_shaped(&format!("recfail{}", tag(shape)), shape).await;
     n.edited_and_offline(|spec| {
         spec["containers"][0]["image"] = "127.0.0.1:5000/busybox:3.0-crash".into();
-        spec["containers"][0]["env"] = serde_json::json!([{"name": "LEVEL", "value": "debug"}]);
+        add_env(spec, "LEVEL", "debug");
         // The image's own command, which exits at once.
         spec["containers"][0]
             .as_object_mut()
@@ -435,7 +514,7 @@ async fn a_failed_recreate_rolls_back_to_the_old_pod() {
     n.wait_for(30, "the old spec runs again", |n| async move {
         let app = n.running("app").await;
         app.len() == 1
-            && app[0].image.as_ref().unwrap().image == "127.0.0.1:5000/busybox:1.0"
+            && app[0].image.as_ref().unwrap().image == n.image("1.0")
             && n.running("sidecar").await.len() == 1
     })
     .await;

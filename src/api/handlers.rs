@@ -100,6 +100,12 @@ pub fn request(state: &ApiState, kind: RequestKind, namespace: &str, name: &str)
         tracing::info!(pod = %name, namespace = %namespace, reason = need.reason(), "upgrade refused: pod is not updatable");
         return Reply::text(403, format!("Pod is not-updatable: {}", need.reason()));
     };
+    // One already running is the answer, whatever the images: 409 before any 412 or 503.
+    match state.store.active_request(kind, &pod.index.uid) {
+        Ok(Some(r)) => return in_progress(kind, namespace, name, &r),
+        Ok(None) => {}
+        Err(e) => return Reply::internal("Get pod failed", &e),
+    }
     if kind == RequestKind::Upgrade {
         if let Some(refused) = images_missing_offline(state, &pod.index.uid, target) {
             return refused;
@@ -126,25 +132,35 @@ pub fn request(state: &ApiState, kind: RequestKind, namespace: &str, name: &str)
             // OpenYurt answers with this content type and an unquoted body.
             Reply::json(200, body)
         }
-        Ok(Recorded::Active(r)) => Reply::text(
-            409,
-            format!(
-                "{} of pod {namespace}/{name} is already in progress (request {}, state {})",
-                match kind {
-                    RequestKind::Upgrade => "Upgrade",
-                    RequestKind::ImagePull => "Image pre-pull",
-                },
-                r.id,
-                r.state
-            ),
-        ),
+        Ok(Recorded::Active(r)) => in_progress(kind, namespace, name, &r),
         Err(e) => Reply::internal("Apply update failed", &e),
     }
 }
 
+fn in_progress(kind: RequestKind, namespace: &str, name: &str, r: &RequestRecord) -> Reply {
+    Reply::text(
+        409,
+        format!(
+            "{} of pod {namespace}/{name} is already in progress (request {}, state {})",
+            match kind {
+                RequestKind::Upgrade => "Upgrade",
+                RequestKind::ImagePull => "Image pre-pull",
+            },
+            r.id,
+            r.state
+        ),
+    )
+}
+
+/// How long the image check before an upgrade may take in all, so that the request is
+/// answered well inside the API's deadline (and the answer says what happened).
+const IMAGE_CHECK_BUDGET: std::time::Duration = std::time::Duration::from_secs(4);
+
 /// An upgrade whose images are not on the node while their registry cannot be reached is
 /// refused before anything changes: 412, naming the images. (An image whose registry
 /// answers is pulled by the upgrade; the apiserver link says nothing about the registry.)
+/// A container runtime that does not answer is a 503 naming it: an upgrade accepted then
+/// could only wait, and the OTA manager is better told now.
 fn images_missing_offline(state: &ApiState, pod_uid: &str, target: &str) -> Option<Reply> {
     let runtime = state.runtime.as_ref()?;
     let images = match crate::upgrade::target_images(&state.store, pod_uid, target) {
@@ -153,29 +169,80 @@ fn images_missing_offline(state: &ApiState, pod_uid: &str, target: &str) -> Opti
         Err(e) => return Some(Reply::internal("Get pod failed", &e)),
     };
     use crate::cri::CriRuntime;
+    enum Seen {
+        Present,
+        Pullable,
+        Missing(String),
+        Runtime(String),
+    }
+    let mut wanted: Vec<String> = images.into_values().collect();
+    wanted.sort();
+    wanted.dedup();
     // Handlers run on blocking threads (see `serve`), where waiting on the runtime is fine.
-    let missing: Vec<String> = tokio::runtime::Handle::current().block_on(async {
-        let mut missing = Vec::new();
-        for img in images.values() {
-            let present =
-                tokio::time::timeout(std::time::Duration::from_secs(5), runtime.image_status(img))
-                    .await;
-            // A runtime that does not answer says nothing; the engine will find out.
-            if let Ok(Ok(None)) = present {
-                let (host, port) = crate::upgrade::registry_of(img);
-                let reachable = tokio::time::timeout(
-                    std::time::Duration::from_secs(3),
-                    tokio::net::TcpStream::connect((host.as_str(), port)),
-                )
-                .await
-                .is_ok_and(|c| c.is_ok());
-                if !reachable && !missing.contains(img) {
-                    missing.push(img.clone());
+    // Every image is checked at once, all within one budget.
+    let seen: Vec<Seen> = tokio::runtime::Handle::current().block_on(async {
+        let mut checks = tokio::task::JoinSet::new();
+        for img in wanted {
+            let runtime = runtime.clone();
+            checks.spawn(async move {
+                match runtime.image_status(&img).await {
+                    Ok(Some(_)) => Seen::Present,
+                    Err(e) => Seen::Runtime(e.to_string()),
+                    Ok(None) => {
+                        let (host, port) = crate::upgrade::registry_of(&img);
+                        let reachable = tokio::time::timeout(
+                            std::time::Duration::from_secs(3),
+                            tokio::net::TcpStream::connect((host.as_str(), port)),
+                        )
+                        .await
+                        .is_ok_and(|c| c.is_ok());
+                        if reachable {
+                            Seen::Pullable
+                        } else {
+                            Seen::Missing(img)
+                        }
+                    }
                 }
-            }
+            });
         }
-        missing
+        let all = async {
+            let mut seen = Vec::new();
+            while let Some(s) = checks.join_next().await {
+                seen.push(s.unwrap_or_else(|e| Seen::Runtime(e.to_string())));
+            }
+            seen
+        };
+        match tokio::time::timeout(IMAGE_CHECK_BUDGET, all).await {
+            Ok(mut seen) => {
+                seen.sort_by(|a, b| match (a, b) {
+                    (Seen::Missing(x), Seen::Missing(y)) => x.cmp(y),
+                    _ => std::cmp::Ordering::Equal,
+                });
+                seen
+            }
+            Err(_) => vec![Seen::Runtime(format!(
+                "it did not answer within {} s",
+                IMAGE_CHECK_BUDGET.as_secs()
+            ))],
+        }
     });
+    if let Some(why) = seen.iter().find_map(|s| match s {
+        Seen::Runtime(e) => Some(e),
+        _ => None,
+    }) {
+        tracing::warn!(pod_uid = %pod_uid, error = %why, "upgrade refused: the container runtime does not answer");
+        return Some(Reply::text(
+            503,
+            format!("The container runtime does not answer ({why}); the upgrade was not recorded, ask again when it is back"),
+        ));
+    }
+    let missing: Vec<&str> = seen
+        .iter()
+        .filter_map(|s| match s {
+            Seen::Missing(img) => Some(img.as_str()),
+            _ => None,
+        })
+        .collect();
     if missing.is_empty() {
         return None;
     }
@@ -200,6 +267,8 @@ fn record_json(r: &RequestRecord) -> serde_json::Value {
         "to": r.to_hash,
         "state": r.state,
         "error": r.error,
+        "waiting": r.waiting,
+        "uid": r.uid,
         "createdMs": r.created_ms,
         "updatedMs": r.updated_ms,
     })

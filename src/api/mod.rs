@@ -176,7 +176,15 @@ pub async fn handle(state: Arc<ApiState>, req: Request<Incoming>) -> Answer {
                     // Store work is synchronous; keep it off the async workers.
                     let job =
                         tokio::task::spawn_blocking(move || dispatch(&st, &r, query.as_deref()));
-                    match tokio::time::timeout(REQUEST_TIMEOUT, job).await {
+                    // A request that may record something is answered with what happened:
+                    // its handler bounds its own waits (the image check has a budget), and
+                    // a timeout here could answer 503 for an upgrade that was recorded.
+                    let done = if route.records() {
+                        Ok(job.await)
+                    } else {
+                        tokio::time::timeout(REQUEST_TIMEOUT, job).await
+                    };
+                    match done {
                         Ok(Ok(answer)) => (route.name(), answer),
                         Ok(Err(e)) => reply(Reply::internal("Handler failed", &e)),
                         Err(_) => reply(Reply::text(503, "Request timed out")),

@@ -49,6 +49,11 @@ impl Route {
         }
     }
 
+    /// Whether the route may record a request for the upgrade engine.
+    pub fn records(&self) -> bool {
+        matches!(self, Route::Upgrade { .. } | Route::ImagePull { .. })
+    }
+
     /// Health probes stay open even when a bearer token is configured.
     pub fn needs_auth(&self) -> bool {
         !matches!(self, Route::Healthz | Route::Readyz)

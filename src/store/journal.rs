@@ -57,7 +57,8 @@ pub fn transition(
     let n = tx
         .prepare_cached(
             "UPDATE requests SET state = ?3, error = COALESCE(?4, error), deadline_ms = ?5,
-                 ready_since_ms = NULL, plan = COALESCE(?6, plan), updated_ms = ?7
+                 ready_since_ms = NULL, plan = COALESCE(?6, plan), updated_ms = ?7,
+                 clock_boot = ?8, waiting = NULL
              WHERE id = ?1 AND state = ?2",
         )?
         .execute(params![
@@ -67,7 +68,8 @@ pub fn transition(
             error,
             deadline_ms,
             effects.plan,
-            now_ms
+            now_ms,
+            crate::time::boot_id()
         ])?;
     if n == 0 {
         return Ok(false);
@@ -99,19 +101,28 @@ pub fn transition(
             r.owner_uid
         ])?;
     }
+    if super::requests::TERMINAL_STATES.contains(&to) {
+        let (pod, kind): (String, String) = tx
+            .prepare_cached("SELECT pod_uid, kind FROM requests WHERE id = ?1")?
+            .query_row(params![id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        super::requests::prune(&tx, &pod, &kind)?;
+    }
     tx.commit()?;
     Ok(true)
 }
 
-/// Records since when the new containers have been ready, if the request is still in `state`.
+/// Records since when the new containers have been ready (boot clock), if the request is still
+/// in `state` and its points are on this boot's clock.
 pub fn set_ready_since(
     conn: &Connection,
     id: i64,
     state: &str,
     since: Option<i64>,
 ) -> Result<(), StoreError> {
-    conn.prepare_cached("UPDATE requests SET ready_since_ms = ?3 WHERE id = ?1 AND state = ?2")?
-        .execute(params![id, state, since])?;
+    conn.prepare_cached(
+        "UPDATE requests SET ready_since_ms = ?3 WHERE id = ?1 AND state = ?2 AND clock_boot = ?4",
+    )?
+    .execute(params![id, state, since, crate::time::boot_id()])?;
     Ok(())
 }
 

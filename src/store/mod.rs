@@ -20,7 +20,9 @@ mod sources;
 pub use journal::{Effects, LogLine, RunningRevision};
 pub use objects::{ApplyStats, Change, StoredObject};
 pub use outbox::{OutboxRow, QueuedEvent, QueuedStatus, RowKind, DELIVERY_ANNOTATION};
-pub use requests::{NewRequest, Recorded, RequestKind, RequestRecord, TERMINAL_STATES};
+pub use requests::{
+    NewRequest, Recorded, RequestKind, RequestRecord, HISTORY_PER_POD, TERMINAL_STATES,
+};
 pub use schema::{APPLICATION_ID, LATEST as SCHEMA_VERSION};
 pub use sources::{CachedSource, CachedToken};
 
@@ -402,6 +404,15 @@ impl Store {
         requests::latest(&self.conn(), kind, namespace, name)
     }
 
+    /// The pod's active request of `kind`, if one is.
+    pub fn active_request(
+        &self,
+        kind: RequestKind,
+        pod_uid: &str,
+    ) -> Result<Option<RequestRecord>, StoreError> {
+        Ok(requests::active(&self.conn(), kind, pod_uid)?)
+    }
+
     /// Every request not yet in a terminal state, oldest first.
     pub fn active_requests(&self) -> Result<Vec<RequestRecord>, StoreError> {
         requests::active_all(&self.conn())
@@ -458,6 +469,21 @@ impl Store {
         since: Option<i64>,
     ) -> Result<(), StoreError> {
         journal::set_ready_since(&self.conn(), id, state, since)
+    }
+
+    /// Sets the deadline of request `id` in `state`, on this boot's clock.
+    pub fn set_request_deadline(
+        &self,
+        id: i64,
+        state: &str,
+        deadline_ms: Option<i64>,
+    ) -> Result<bool, StoreError> {
+        requests::set_deadline(&self.conn(), id, state, deadline_ms)
+    }
+
+    /// Records why request `id` cannot go on now; writes only when that changes.
+    pub fn set_request_waiting(&self, id: i64, waiting: Option<&str>) -> Result<(), StoreError> {
+        requests::set_waiting(&self.conn(), id, waiting)
     }
 
     pub fn request(&self, id: i64) -> Result<Option<RequestRecord>, StoreError> {

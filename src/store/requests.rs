@@ -35,6 +35,8 @@ impl RequestKind {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestRecord {
     pub id: i64,
+    /// Unique across databases: the label of the CRI objects this request creates.
+    pub uid: String,
     pub kind: RequestKind,
     pub pod_uid: String,
     pub namespace: String,
@@ -45,18 +47,57 @@ pub struct RequestRecord {
     pub error: Option<String>,
     pub created_ms: i64,
     pub updated_ms: i64,
-    /// When the current state must be over.
+    /// When the current state must be over, on the boot clock of `clock_boot`.
     pub deadline_ms: Option<i64>,
-    /// Since when the new containers have been ready (Verifying).
+    /// Since when the new containers have been ready (Verifying), on the same clock.
     pub ready_since_ms: Option<i64>,
     /// The plan fixed when the upgrade started (JSON), so a restart follows the same one.
     pub plan: Option<String>,
+    /// The boot the two points above were taken in ([`crate::time::boot_id`]).
+    pub clock_boot: Option<String>,
+    /// Why the request cannot go on now (the runtime does not answer, an input is missing).
+    pub waiting: Option<String>,
 }
 
 impl RequestRecord {
     pub fn is_terminal(&self) -> bool {
         TERMINAL_STATES.contains(&self.state.as_str())
     }
+
+    /// The deadline on this boot's clock; `None` also when it was set in another boot.
+    pub fn deadline(&self) -> Option<i64> {
+        crate::time::boot_point(self.clock_boot.as_deref(), self.deadline_ms)
+    }
+
+    /// Since when the new containers have been ready, on this boot's clock.
+    pub fn ready_since(&self) -> Option<i64> {
+        crate::time::boot_point(self.clock_boot.as_deref(), self.ready_since_ms)
+    }
+
+    /// The state has a deadline, set in another boot (or before the boot clock was used):
+    /// how much of it is left is unknown.
+    pub fn deadline_from_another_boot(&self) -> bool {
+        self.deadline_ms.is_some() && self.deadline().is_none()
+    }
+}
+
+/// Terminal requests kept per pod and kind, newest first; older ones (and their logs) go when
+/// another one ends, so repeated requests cannot grow the database without bound.
+pub const HISTORY_PER_POD: i64 = 5;
+
+/// A new id for a request: 128 random bits as hex, unique across databases.
+pub fn new_uid() -> String {
+    let mut b = [0u8; 16];
+    // SAFETY: getrandom(2) writes at most b.len() bytes into a buffer we own.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n != b.len() as isize {
+        // Never seen on Linux >= 3.17; fall back to a seeded generator plus the clocks, which
+        // still does not repeat across databases on one device.
+        let seed = (crate::time::now_ms() as u64) ^ (crate::time::boot_ms() as u64).rotate_left(32);
+        let mut r = fastrand::Rng::with_seed(seed ^ fastrand::u64(..));
+        r.fill(&mut b);
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// A request to record.
@@ -80,7 +121,7 @@ pub enum Recorded {
 }
 
 pub(super) const COLUMNS: &str =
-    "id, kind, pod_uid, namespace, name, from_hash, to_hash, state, error, created_ms, updated_ms, deadline_ms, ready_since_ms, plan";
+    "id, kind, pod_uid, namespace, name, from_hash, to_hash, state, error, created_ms, updated_ms, deadline_ms, ready_since_ms, plan, uid, clock_boot, waiting";
 
 pub(super) fn row(r: &Row<'_>) -> rusqlite::Result<RequestRecord> {
     let kind: String = r.get(1)?;
@@ -100,10 +141,13 @@ pub(super) fn row(r: &Row<'_>) -> rusqlite::Result<RequestRecord> {
         deadline_ms: r.get(11)?,
         ready_since_ms: r.get(12)?,
         plan: r.get(13)?,
+        uid: r.get(14)?,
+        clock_boot: r.get(15)?,
+        waiting: r.get(16)?,
     })
 }
 
-fn active(
+pub(super) fn active(
     conn: &Connection,
     kind: RequestKind,
     pod_uid: &str,
@@ -123,25 +167,95 @@ pub fn record(conn: &mut Connection, req: &NewRequest<'_>) -> Result<Recorded, S
         return Ok(Recorded::Active(existing));
     }
     let now = crate::time::now_ms();
-    tx.prepare_cached(
-        "INSERT INTO requests (kind, pod_uid, namespace, name, from_hash, to_hash, state, created_ms, updated_ms)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'Requested', ?7, ?7)",
-    )?
-    .execute(params![
-        req.kind.as_str(),
-        req.pod_uid,
-        req.namespace,
-        req.name,
-        req.from_hash,
-        req.to_hash,
-        now
-    ])?;
-    let id = tx.last_insert_rowid();
+    // A pre-pull asked again for the same target reuses its row: the OTA manager may ask on
+    // every poll, and each ask must not leave a row behind.
+    let reuse: Option<i64> = if req.kind == RequestKind::ImagePull {
+        tx.prepare_cached(
+            "SELECT id FROM requests WHERE pod_uid = ?1 AND kind = 'imagepull' AND to_hash = ?2
+             ORDER BY id DESC LIMIT 1",
+        )?
+        .query_row(params![req.pod_uid, req.to_hash], |r| r.get(0))
+        .optional()?
+    } else {
+        None
+    };
+    let id = match reuse {
+        Some(id) => {
+            tx.prepare_cached(
+                "UPDATE requests SET state = 'Requested', error = NULL, from_hash = ?2,
+                     namespace = ?3, name = ?4, deadline_ms = NULL, ready_since_ms = NULL,
+                     waiting = NULL, clock_boot = NULL, updated_ms = ?5
+                 WHERE id = ?1",
+            )?
+            .execute(params![id, req.from_hash, req.namespace, req.name, now])?;
+            tx.prepare_cached("DELETE FROM request_log WHERE request_id = ?1")?
+                .execute(params![id])?;
+            id
+        }
+        None => {
+            tx.prepare_cached(
+                "INSERT INTO requests (kind, pod_uid, namespace, name, from_hash, to_hash, state,
+                     created_ms, updated_ms, uid)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'Requested', ?7, ?7, ?8)",
+            )?
+            .execute(params![
+                req.kind.as_str(),
+                req.pod_uid,
+                req.namespace,
+                req.name,
+                req.from_hash,
+                req.to_hash,
+                now,
+                new_uid()
+            ])?;
+            tx.last_insert_rowid()
+        }
+    };
     let rec = tx
         .prepare_cached(&format!("SELECT {COLUMNS} FROM requests WHERE id = ?1"))?
         .query_row(params![id], row)?;
     tx.commit()?;
     Ok(Recorded::New(rec))
+}
+
+/// Keeps the newest [`HISTORY_PER_POD`] terminal requests of this pod and kind, and the
+/// active one; removes the rest with their logs. Runs in the transaction that ends one.
+pub(super) fn prune(conn: &Connection, pod_uid: &str, kind: &str) -> Result<usize, StoreError> {
+    let old = "SELECT id FROM requests WHERE pod_uid = ?1 AND kind = ?2
+               AND state IN ('Done', 'RolledBack', 'Failed')
+               ORDER BY id DESC LIMIT -1 OFFSET ?3";
+    conn.prepare_cached(&format!(
+        "DELETE FROM request_log WHERE request_id IN ({old})"
+    ))?
+    .execute(params![pod_uid, kind, HISTORY_PER_POD])?;
+    let n = conn
+        .prepare_cached(&format!("DELETE FROM requests WHERE id IN ({old})"))?
+        .execute(params![pod_uid, kind, HISTORY_PER_POD])?;
+    Ok(n)
+}
+
+/// Sets the deadline of request `id` in `state` on this boot's clock (clearing the readiness
+/// mark, which was on the same clock); returns whether the row was still in `state`.
+pub fn set_deadline(
+    conn: &Connection,
+    id: i64,
+    state: &str,
+    deadline_ms: Option<i64>,
+) -> Result<bool, StoreError> {
+    let n = conn
+        .prepare_cached(
+            "UPDATE requests SET deadline_ms = ?3, ready_since_ms = NULL, clock_boot = ?4
+             WHERE id = ?1 AND state = ?2",
+        )?
+        .execute(params![id, state, deadline_ms, crate::time::boot_id()])?;
+    Ok(n > 0)
+}
+
+/// Records why request `id` cannot go on now (`None`: it can); writes only on a change.
+pub fn set_waiting(conn: &Connection, id: i64, waiting: Option<&str>) -> Result<(), StoreError> {
+    conn.prepare_cached("UPDATE requests SET waiting = ?2 WHERE id = ?1 AND waiting IS NOT ?2")?
+        .execute(params![id, waiting])?;
+    Ok(())
 }
 
 pub fn latest(

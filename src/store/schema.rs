@@ -174,6 +174,20 @@ const MIGRATIONS: &[&str] = &[
         SELECT pod_uid, audience, expiration_secs, token, issued_ms, expires_ms FROM sa_tokens;
     DROP TABLE sa_tokens;
     ALTER TABLE sa_tokens_rowid RENAME TO sa_tokens;",
+    // 9 -> 10: the upgrade journal, made safe against a new database and a wrong clock.
+    // - `uid`: the id the CRI objects of an upgrade carry. The rowid restarts at 1 in a new
+    //   database while the containers keep running, so a label of a rowid could name an old
+    //   upgrade's container as a new one's. Rows from before keep their rowid as uid, which is
+    //   what their containers are labelled with.
+    // - `clock_boot`: the boot whose CLOCK_BOOTTIME `deadline_ms` and `ready_since_ms` are
+    //   measured on (they were wall-clock ms before; rows from before have none, so their
+    //   deadlines start afresh, as after a reboot).
+    // - `waiting`: why an accepted request cannot go on now, for `GET .../upgrade`.
+    "ALTER TABLE requests ADD COLUMN uid TEXT;
+    UPDATE requests SET uid = CAST(id AS TEXT);
+    CREATE UNIQUE INDEX requests_by_uid ON requests (uid);
+    ALTER TABLE requests ADD COLUMN clock_boot TEXT;
+    ALTER TABLE requests ADD COLUMN waiting TEXT;",
 ];
 
 /// The schema version this binary writes.

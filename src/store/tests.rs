@@ -413,6 +413,127 @@ fn one_active_request_per_pod_and_kind() {
 }
 
 #[test]
+fn request_ids_are_unique_across_databases_and_old_rows_keep_their_labels() {
+    let req = NewRequest {
+        kind: RequestKind::Upgrade,
+        pod_uid: "uid-1",
+        namespace: "vehicle",
+        name: "telemetry-sv74m",
+        from_hash: Some("old"),
+        to_hash: "new",
+    };
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..3 {
+        // A new database each time: the rowid restarts at 1, the uid does not repeat.
+        let (_d, path) = db();
+        let s = Store::open(&path, OpenMode::Normal).unwrap();
+        let Recorded::New(r) = s.record_request(&req).unwrap() else {
+            panic!("new")
+        };
+        assert_eq!(r.id, 1);
+        assert_eq!(r.uid.len(), 32, "{}", r.uid);
+        assert!(seen.insert(r.uid.clone()), "{} repeated", r.uid);
+    }
+    // A row from before the uid existed keeps its rowid as uid: its containers carry that.
+    let (_d, path) = db();
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    {
+        let s = Store::open(&path, OpenMode::Normal).unwrap();
+        let c = s.conn();
+        c.execute_batch(
+            "DROP INDEX requests_by_uid;
+             ALTER TABLE requests DROP COLUMN uid;
+             ALTER TABLE requests DROP COLUMN clock_boot;
+             ALTER TABLE requests DROP COLUMN waiting;
+             INSERT INTO requests (kind, pod_uid, namespace, name, to_hash, state, created_ms,
+                 updated_ms, deadline_ms)
+             VALUES ('upgrade', 'uid-1', 'vehicle', 'x', 'h', 'Swapping', 0, 0, 123);
+             PRAGMA user_version = 9;",
+        )
+        .unwrap();
+    }
+    let s = Store::open(&path, OpenMode::Normal).unwrap();
+    let r = s.request(1).unwrap().unwrap();
+    assert_eq!(r.uid, "1");
+    // Its deadline was wall-clock time: unknown on the boot clock, so it starts afresh.
+    assert_eq!(r.deadline(), None);
+    assert!(r.deadline_from_another_boot());
+}
+
+#[test]
+fn finished_requests_are_kept_per_pod_up_to_a_bound_and_a_repeated_prepull_reuses_its_row() {
+    let (_d, path) = db();
+    let s = Store::open(&path, OpenMode::Normal).unwrap();
+    let req = |kind, to: &'static str| NewRequest {
+        kind,
+        pod_uid: "uid-1",
+        namespace: "vehicle",
+        name: "telemetry-sv74m",
+        from_hash: Some("old"),
+        to_hash: to,
+    };
+    let rows = |s: &Store| -> i64 {
+        s.conn()
+            .query_row("SELECT count(*) FROM requests", [], |r| r.get(0))
+            .unwrap()
+    };
+    let logs = |s: &Store| -> i64 {
+        s.conn()
+            .query_row("SELECT count(*) FROM request_log", [], |r| r.get(0))
+            .unwrap()
+    };
+    for i in 0..20 {
+        let Recorded::New(r) = s
+            .record_request(&req(
+                RequestKind::Upgrade,
+                if i % 2 == 0 { "a" } else { "b" },
+            ))
+            .unwrap()
+        else {
+            panic!("new")
+        };
+        assert!(s
+            .transition(
+                r.id,
+                "Requested",
+                "RolledBack",
+                Some("x"),
+                None,
+                &Effects::default()
+            )
+            .unwrap());
+    }
+    assert_eq!(
+        rows(&s),
+        HISTORY_PER_POD,
+        "only the newest upgrades are kept"
+    );
+    assert_eq!(logs(&s), HISTORY_PER_POD, "and their logs");
+    let newest = s
+        .latest_request(RequestKind::Upgrade, "vehicle", "telemetry-sv74m")
+        .unwrap()
+        .unwrap();
+    assert_eq!(newest.id, 20);
+    // Asked 300 times for the same target, a pre-pull has one row.
+    for _ in 0..300 {
+        let Recorded::New(r) = s.record_request(&req(RequestKind::ImagePull, "b")).unwrap() else {
+            panic!("new")
+        };
+        s.transition(r.id, "Requested", "Done", None, None, &Effects::default())
+            .unwrap();
+    }
+    assert_eq!(rows(&s), HISTORY_PER_POD + 1);
+    assert!(s.pull_requested("uid-1", "b").unwrap());
+    assert_eq!(
+        s.pulled_revisions()
+            .unwrap()
+            .get("uid-1")
+            .map(String::as_str),
+        Some("b")
+    );
+}
+
+#[test]
 fn a_version_1_file_is_migrated_in_place() {
     let (_d, path) = db();
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
@@ -453,9 +574,14 @@ fn tokens_keep_across_the_move_to_a_rowid_table_and_a_renewal_rewrites_two_pages
     {
         let s = Store::open(&path, OpenMode::Normal).unwrap();
         let c = s.conn();
-        // Back to version 8, with its WITHOUT ROWID table and a token in it.
+        // Back to version 8, with its WITHOUT ROWID table and a token in it (and without
+        // what later versions added to the requests).
         c.execute_batch(
-            "DROP TABLE sa_tokens;
+            "DROP INDEX requests_by_uid;
+             ALTER TABLE requests DROP COLUMN uid;
+             ALTER TABLE requests DROP COLUMN clock_boot;
+             ALTER TABLE requests DROP COLUMN waiting;
+             DROP TABLE sa_tokens;
              CREATE TABLE sa_tokens (pod_uid TEXT NOT NULL, audience TEXT NOT NULL,
                expiration_secs INTEGER NOT NULL, token TEXT NOT NULL, issued_ms INTEGER NOT NULL,
                expires_ms INTEGER NOT NULL, PRIMARY KEY (pod_uid, audience, expiration_secs))

@@ -8,11 +8,20 @@
 //!
 //! ```text
 //! Requested -> Pulling -> Swapping -> Verifying -> Committed -> Done
-//!                 |          |            |
-//!                 +----------+------------+--> RollingBack -> RolledBack
-//!                                                   |
-//!                                                   +--> Failed (even the rollback failed)
+//!     |           |          |            |
+//!     +-----------+          +------------+--> RollingBack -> RolledBack
+//!     |  (nothing changed yet)                     |
+//!     +--> RolledBack                              +--> Failed (even the rollback failed)
 //! ```
+//!
+//! Every state but the terminal ones has a deadline, on the boot clock, and every deadline is
+//! enforced, even when the runtime does not answer ([`timed_out`]) or an input the upgrade
+//! needs never arrives.
+//!
+//! In place, an init container whose image changes runs once to completion in the running
+//! sandbox, before any app container is swapped: exit 0 is success, as for any init
+//! container, anything else rolls back. Its old instance completed long ago and is never
+//! restored; the pod's app containers carry on as they were.
 
 use std::time::Duration;
 
@@ -81,6 +90,8 @@ impl std::fmt::Display for State {
 /// How long each state may last (configurable; `[upgrade]` in the config file).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Deadlines {
+    /// For what the upgrade needs before it can start (the pod's ConfigMaps and Secrets).
+    pub requested: Duration,
     pub pulling: Duration,
     pub swapping: Duration,
     /// On top of the time the new containers must hold (minReadySeconds).
@@ -92,6 +103,7 @@ pub struct Deadlines {
 impl Default for Deadlines {
     fn default() -> Self {
         Deadlines {
+            requested: Duration::from_secs(120),
             pulling: Duration::from_secs(600),
             swapping: Duration::from_secs(120),
             verifying: Duration::from_secs(120),
@@ -105,7 +117,7 @@ impl Deadlines {
     /// How long `state` may last; `hold` is how long the new containers must stay ready.
     pub fn of(&self, state: State, hold: Duration) -> Option<Duration> {
         match state {
-            State::Requested => None,
+            State::Requested => Some(self.requested),
             State::Pulling => Some(self.pulling),
             State::Swapping => Some(self.swapping),
             State::Verifying => Some(self.verifying + hold),
@@ -120,9 +132,9 @@ impl Deadlines {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Journal {
     pub state: State,
-    /// When the current state must be over (unix ms).
+    /// When the current state must be over (boot clock, ms).
     pub deadline_ms: Option<i64>,
-    /// Since when every new container has been running and ready, in Verifying (unix ms).
+    /// Since when every new container has been running and ready, in Verifying (boot clock).
     pub ready_since_ms: Option<i64>,
     /// How long they must hold: minReadySeconds, at least the configured floor.
     pub hold: Duration,
@@ -147,7 +159,8 @@ pub enum Run {
 }
 
 /// One container the upgrade replaces: the one running the old spec (newest attempt without
-/// this upgrade's label) and the one this upgrade created, if any.
+/// this upgrade's label) and the one this upgrade created, if any. For an init container the
+/// old one has completed, and the new one runs to completion.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pair {
     pub name: String,
@@ -160,15 +173,21 @@ pub struct Pair {
 pub struct Observed {
     /// Target images not on the node yet.
     pub missing_images: Vec<String>,
-    /// In place: each changed container. Recreate: each container of the target, its old one
-    /// in the old sandbox and its new one in the new sandbox.
+    /// In place: each changed app container. Recreate: each app container of the target, its
+    /// old one in the old sandbox and its new one in the new sandbox.
     pub pairs: Vec<Pair>,
     /// The pod has a ready sandbox to swap containers in (in place).
     pub sandbox_ready: bool,
     /// The recreate path's sandboxes; `None` in place.
     pub recreate: Option<Sandboxes>,
-    /// Recreate: the target's init containers in the new sandbox, in order (only `new`).
+    /// Init containers, in order. In place: each changed one, old and new. Recreate: the
+    /// target's, in the new sandbox (only `new`).
     pub inits: Vec<Pair>,
+    /// Why the target revision cannot be translated now (a ConfigMap it references is not
+    /// cached), if it cannot.
+    pub target_unavailable: Option<String>,
+    /// Why the old revision cannot be translated now: nothing can be restored from it.
+    pub old_unavailable: Option<String>,
 }
 
 /// A sandbox as the machine sees it.
@@ -237,8 +256,24 @@ pub fn next(j: &Journal, o: &Observed, now_ms: i64) -> Step {
         }
     }
     match j.state {
-        State::Requested => Step::Go(State::Pulling, None),
-        State::Pulling => {
+        State::Requested | State::Pulling => {
+            // Nothing has changed yet: an upgrade that cannot start ends with the pod as it
+            // was, saying why.
+            if let Some(why) = o.target_unavailable.as_ref().or(o.old_unavailable.as_ref()) {
+                return if overdue {
+                    Step::Go(
+                        State::RolledBack,
+                        Some(format!(
+                            "what the upgrade needs did not arrive in time: {why}"
+                        )),
+                    )
+                } else {
+                    Step::Wait
+                };
+            }
+            if j.state == State::Requested {
+                return Step::Go(State::Pulling, None);
+            }
             if o.missing_images.is_empty() {
                 Step::Go(State::Swapping, None)
             } else if overdue {
@@ -261,11 +296,20 @@ pub fn next(j: &Journal, o: &Observed, now_ms: i64) -> Step {
                     Some("the swap did not finish in time".into()),
                 );
             }
+            if let Some(why) = &o.target_unavailable {
+                return Step::Go(
+                    State::RollingBack,
+                    Some(format!("the target revision cannot run: {why}")),
+                );
+            }
             if !o.sandbox_ready {
                 return Step::Go(
                     State::RollingBack,
                     Some("the pod's sandbox is not ready".into()),
                 );
+            }
+            if let Some(step) = run_inits(&o.inits) {
+                return step;
             }
             for p in &o.pairs {
                 if let Some(n) = exited(&p.new) {
@@ -340,9 +384,14 @@ pub fn next(j: &Journal, o: &Observed, now_ms: i64) -> Step {
             }
         }
         State::Committed => {
+            if overdue {
+                // The new revision runs and is recorded; what is left of the old one is
+                // stopped, and the runtime's own cleanup takes it.
+                return Step::Go(State::Done, None);
+            }
             // The old containers go; one whose new container vanished stays for the runtime
             // to replace, so the pod is never left with nothing.
-            for p in &o.pairs {
+            for p in o.inits.iter().chain(&o.pairs) {
                 if let (Some(old), Some(_)) = (&p.old, &p.new) {
                     return Step::RemoveOld(old.id.clone());
                 }
@@ -356,16 +405,22 @@ pub fn next(j: &Journal, o: &Observed, now_ms: i64) -> Step {
                     Some("the rollback did not finish in time".into()),
                 );
             }
+            // The new init containers go; the old ones completed long ago and stay as they are.
+            for p in &o.inits {
+                if let Some(step) = remove_new(p) {
+                    return step;
+                }
+            }
             for p in &o.pairs {
-                if let Some(n) = &p.new {
-                    if matches!(n.state, Run::Running | Run::Unknown) {
-                        return Step::StopNew(n.id.clone());
-                    }
-                    return Step::RemoveNew(n.id.clone());
+                if let Some(step) = remove_new(p) {
+                    return step;
                 }
                 match &p.old {
                     Some(old) if old.state == Run::Running => {}
                     Some(old) if old.state == Run::Created => return Step::Start(old.id.clone()),
+                    // Nothing to restore it from until the old revision's inputs are back;
+                    // the deadline ends the wait.
+                    _ if o.old_unavailable.is_some() => return Step::Wait,
                     old => {
                         return Step::RestoreOld {
                             name: p.name.clone(),
@@ -380,6 +435,54 @@ pub fn next(j: &Journal, o: &Observed, now_ms: i64) -> Step {
     }
 }
 
+/// In place: the changed init containers, in order, each run once to completion before any
+/// app container is swapped. `None` once all have succeeded.
+fn run_inits(inits: &[Pair]) -> Option<Step> {
+    for p in inits {
+        match &p.new {
+            None => return Some(Step::CreateNew(p.name.clone())),
+            Some(n) if n.state == Run::Created => return Some(Step::Start(n.id.clone())),
+            Some(n) if n.state == Run::Exited && n.exit_code == 0 => continue,
+            Some(n) if n.state == Run::Exited => {
+                return Some(Step::Go(
+                    State::RollingBack,
+                    Some(format!(
+                        "new init container {} exited with code {}",
+                        p.name, n.exit_code
+                    )),
+                ))
+            }
+            Some(_) => return Some(Step::Wait),
+        }
+    }
+    None
+}
+
+/// Rollback: stop, then remove, what this upgrade created for one container.
+fn remove_new(p: &Pair) -> Option<Step> {
+    let n = p.new.as_ref()?;
+    Some(if matches!(n.state, Run::Running | Run::Unknown) {
+        Step::StopNew(n.id.clone())
+    } else {
+        Step::RemoveNew(n.id.clone())
+    })
+}
+
+/// What an overdue state becomes when the runtime cannot even be observed (it does not
+/// answer): the journal moves on by itself, so no state outlives its deadline. `cause` says
+/// what stood in the way.
+pub fn timed_out(state: State, cause: &str) -> Option<Step> {
+    let (to, why) = match state {
+        State::Requested | State::Pulling => (State::RolledBack, "the upgrade could not start"),
+        State::Swapping | State::Verifying => (State::RollingBack, "the upgrade did not finish"),
+        State::RollingBack => (State::Failed, "the rollback did not finish"),
+        // Committed: the new revision is recorded; only old containers may be left over.
+        State::Committed => return Some(Step::Go(State::Done, None)),
+        State::Done | State::RolledBack | State::Failed => return None,
+    };
+    Some(Step::Go(to, Some(format!("{why} in time: {cause}"))))
+}
+
 /// The recreate path's steps where they differ from in place: at sandbox granularity.
 /// `None` defers to the shared rules (Pulling, Verifying, terminal states).
 fn next_recreate(j: &Journal, o: &Observed, sb: &Sandboxes, overdue: bool) -> Option<Step> {
@@ -392,6 +495,12 @@ fn next_recreate(j: &Journal, o: &Observed, sb: &Sandboxes, overdue: bool) -> Op
                 return Some(Step::Go(
                     State::RollingBack,
                     Some("the new pod did not start in time".into()),
+                ));
+            }
+            if let Some(why) = &o.target_unavailable {
+                return Some(Step::Go(
+                    State::RollingBack,
+                    Some(format!("the target revision cannot run: {why}")),
                 ));
             }
             if let Some(old) = ready(&sb.old).filter(|_| sb.stop_first) {
@@ -444,8 +553,8 @@ fn next_recreate(j: &Journal, o: &Observed, sb: &Sandboxes, overdue: bool) -> Op
             }
         }
         State::Committed => match &sb.old {
-            Some(old) => Step::RemovePod(old.id.clone()),
-            None => Step::Go(State::Done, None),
+            Some(old) if !overdue => Step::RemovePod(old.id.clone()),
+            _ => Step::Go(State::Done, None),
         },
         State::RollingBack => {
             if overdue {

@@ -25,6 +25,8 @@ fn observed(pairs: Vec<Pair>) -> Observed {
         sandbox_ready: true,
         recreate: None,
         inits: Vec::new(),
+        target_unavailable: None,
+        old_unavailable: None,
     }
 }
 
@@ -356,4 +358,156 @@ fn recreate_runs_init_containers_to_success_before_the_app() {
     assert_eq!(next(&j, &o, 0), Step::CreateNew("app".into()));
     o.inits[0].new = seen("i", Run::Exited);
     assert!(matches!(next(&j, &o, 0), Step::Go(State::RollingBack, Some(e)) if e.contains("init")));
+}
+
+fn init_pair(old: Option<Seen>, new: Option<Seen>) -> Pair {
+    Pair {
+        name: "prepare".into(),
+        old,
+        new,
+    }
+}
+
+fn exited_with(id: &str, code: i32) -> Option<Seen> {
+    Some(Seen {
+        id: id.into(),
+        state: Run::Exited,
+        ready: None,
+        exit_code: code,
+    })
+}
+
+#[test]
+fn requested_waits_for_missing_inputs_within_its_deadline_then_ends_unchanged() {
+    let mut o = observed(vec![pair(seen("old", Run::Running), None)]);
+    o.target_unavailable = Some("configmap vehicle/cfg is not cached".into());
+    for state in [State::Requested, State::Pulling] {
+        assert_eq!(next(&journal(state), &o, 0), Step::Wait, "{state}");
+        assert!(matches!(
+            next(&journal(state), &o, 10_000),
+            Step::Go(State::RolledBack, Some(e)) if e.contains("configmap vehicle/cfg")
+        ));
+    }
+    o.target_unavailable = None;
+    assert_eq!(
+        next(&journal(State::Requested), &o, 0),
+        Step::Go(State::Pulling, None)
+    );
+}
+
+#[test]
+fn inputs_that_vanish_mid_swap_roll_back_and_a_rollback_without_the_old_spec_waits() {
+    let mut o = observed(vec![pair(
+        seen("old", Run::Exited),
+        seen("new", Run::Running),
+    )]);
+    o.target_unavailable = Some("configmap gone".into());
+    assert!(matches!(
+        next(&journal(State::Swapping), &o, 0),
+        Step::Go(State::RollingBack, Some(e)) if e.contains("configmap gone")
+    ));
+    // The new container goes first, whatever the inputs.
+    assert_eq!(
+        next(&journal(State::RollingBack), &o, 0),
+        Step::StopNew("new".into())
+    );
+    o.pairs = vec![pair(seen("old", Run::Exited), None)];
+    o.old_unavailable = Some("configmap gone".into());
+    assert_eq!(next(&journal(State::RollingBack), &o, 0), Step::Wait);
+    assert!(matches!(
+        next(&journal(State::RollingBack), &o, 10_000),
+        Step::Go(State::Failed, Some(_))
+    ));
+}
+
+#[test]
+fn a_commit_past_its_deadline_is_done_the_rest_is_the_runtimes() {
+    let o = observed(vec![pair(
+        seen("old", Run::Exited),
+        seen("new", Run::Running),
+    )]);
+    assert_eq!(
+        next(&journal(State::Committed), &o, 0),
+        Step::RemoveOld("old".into())
+    );
+    assert_eq!(
+        next(&journal(State::Committed), &o, 10_000),
+        Step::Go(State::Done, None)
+    );
+    let r = recreate(pod("old", false), pod("new", true), false, vec![]);
+    assert_eq!(
+        next(&journal(State::Committed), &r, 10_000),
+        Step::Go(State::Done, None)
+    );
+}
+
+#[test]
+fn in_place_an_init_container_runs_to_completion_before_the_app_is_swapped() {
+    let app = || pair(seen("old-app", Run::Running), None);
+    let mut o = observed(vec![app()]);
+    o.inits = vec![init_pair(exited_with("old-init", 0), None)];
+    let j = journal(State::Swapping);
+    assert_eq!(next(&j, &o, 0), Step::CreateNew("prepare".into()));
+    o.inits[0].new = seen("new-init", Run::Created);
+    assert_eq!(next(&j, &o, 0), Step::Start("new-init".into()));
+    o.inits[0].new = seen("new-init", Run::Running);
+    assert_eq!(next(&j, &o, 0), Step::Wait, "the app waits for the init");
+    // Exit 0 is success, as for any init container: on to the app.
+    o.inits[0].new = exited_with("new-init", 0);
+    assert_eq!(next(&j, &o, 0), Step::CreateNew("app".into()));
+    o.pairs = vec![pair(
+        seen("old-app", Run::Exited),
+        seen("new-app", Run::Running),
+    )];
+    assert_eq!(next(&j, &o, 0), Step::Go(State::Verifying, None));
+    // Verifying looks at the app; the init stays completed.
+    let mut v = journal(State::Verifying);
+    v.ready_since_ms = Some(0);
+    assert_eq!(next(&v, &o, 5_000), Step::Go(State::Committed, None));
+    // Commit removes the old init with the old app.
+    assert_eq!(
+        next(&journal(State::Committed), &o, 0),
+        Step::RemoveOld("old-init".into())
+    );
+    // Any other exit code rolls back.
+    o.inits[0].new = exited_with("new-init", 2);
+    assert!(matches!(
+        next(&j, &o, 0),
+        Step::Go(State::RollingBack, Some(e)) if e.contains("init container prepare exited with code 2")
+    ));
+}
+
+#[test]
+fn a_rollback_removes_a_new_init_container_and_never_reruns_the_old_one() {
+    let mut o = observed(vec![pair(seen("old-app", Run::Running), None)]);
+    o.inits = vec![init_pair(
+        exited_with("old-init", 0),
+        exited_with("new-init", 2),
+    )];
+    let j = journal(State::RollingBack);
+    assert_eq!(next(&j, &o, 0), Step::RemoveNew("new-init".into()));
+    o.inits[0].new = None;
+    assert_eq!(next(&j, &o, 0), Step::Go(State::RolledBack, None));
+}
+
+#[test]
+fn every_open_state_times_out_even_unobserved() {
+    for s in State::ALL {
+        let step = timed_out(s, "the runtime does not answer");
+        match s {
+            State::Requested | State::Pulling => assert!(
+                matches!(&step, Some(Step::Go(State::RolledBack, Some(e))) if e.contains("does not answer"))
+            ),
+            State::Swapping | State::Verifying => {
+                assert!(matches!(step, Some(Step::Go(State::RollingBack, Some(_)))))
+            }
+            State::RollingBack => assert!(matches!(step, Some(Step::Go(State::Failed, Some(_))))),
+            State::Committed => assert_eq!(step, Some(Step::Go(State::Done, None))),
+            State::Done | State::RolledBack | State::Failed => assert_eq!(step, None),
+        }
+        assert!(
+            s.is_terminal() || Deadlines::default().of(s, Duration::ZERO).is_some(),
+            "{s} has a deadline"
+        );
+    }
 }

@@ -21,6 +21,7 @@ use crate::need_upgrade::Decider;
 use crate::object::Kind;
 use crate::podspec::{self, PodPlan};
 use crate::runtime::desired::{self, Place};
+use crate::runtime::observe::Observer;
 use crate::runtime::{Holder, PodLocks};
 use crate::store::{
     Effects, QueuedEvent, RequestKind, RequestRecord, RunningRevision, Store, StoreError,
@@ -44,9 +45,6 @@ pub enum UpgradeError {
     Cri(#[from] CriError),
     #[error("journal row {0} has an unknown state {1:?}")]
     BadState(i64, String),
-    /// Something the upgrade needs is on its way (a ConfigMap not fetched yet): try again.
-    #[error("{0}")]
-    NotYet(String),
 }
 
 /// The engine's settings (`[upgrade]` in the config file).
@@ -89,17 +87,56 @@ pub struct Engine<R: CriRuntime> {
 struct Context {
     pod: StoredObject,
     plan: UpgradePlan,
-    /// The pod as it runs before the upgrade (for a rollback), and after it.
-    old: PodPlan,
-    target: PodPlan,
-    /// The pod after the upgrade, as JSON, and its translation context (a recreate runs a
-    /// sandbox from it).
+    /// The pod as it runs before the upgrade (for a rollback), and after it, as JSON.
+    running_json: Value,
     target_json: Value,
+    /// The uid the pod's directory is named by (a pod that adopted another's sandbox keeps
+    /// that pod's directory).
+    dir_uid: Option<String>,
+}
+
+/// Both revisions translated for the runtime, each `Err(why)` when it cannot be now (a
+/// ConfigMap it references is not cached).
+struct Plans {
+    old: Result<PodPlan, String>,
+    target: Result<PodPlan, String>,
+    /// A revision can never run as it is (a field edgehub does not run, a Secret known to
+    /// be absent), rather than not yet.
+    permanent: Option<String>,
+    /// The target's translation context (a recreate runs a sandbox from it).
     target_ctx: podspec::PodContext,
+}
+
+/// Why a round cannot work from the cache.
+enum Blocked {
+    /// The cache cannot say yet (it has not seen this node's pod list since it was created):
+    /// nothing is decided, the upgrade waits as it is.
+    Wait(String),
+    /// The upgrade cannot happen: the pod is gone, or its journal row cannot be read.
+    End(String),
+}
+
+/// A driving task's own memory between rounds.
+struct Drive {
+    readiness: steps::Readiness,
+    observer: Observer,
+    /// The engine holds the pod (from the first step that touches a container).
+    held: bool,
+    last_error: String,
 }
 
 fn now_ms() -> i64 {
     crate::time::now_ms()
+}
+
+/// Whether an upgrade in `state` must hold its pod: from the first step that touches a
+/// container. Requested and Pulling leave the runtime free to restart, probe and report it.
+fn holds_pod(state: State) -> bool {
+    !matches!(state, State::Requested | State::Pulling) && !state.is_terminal()
+}
+
+fn past(deadline: Option<i64>, now: i64) -> bool {
+    deadline.is_some_and(|d| now >= d)
 }
 
 impl<R: CriRuntime + 'static> Engine<R> {
@@ -108,7 +145,11 @@ impl<R: CriRuntime + 'static> Engine<R> {
     pub fn claim_active(&self) -> Result<usize, StoreError> {
         let mut n = 0;
         for r in self.store.active_requests()? {
-            if r.kind == RequestKind::Upgrade && self.locks.try_hold(&r.pod_uid, Holder::Upgrade) {
+            let touching = State::parse(&r.state).is_some_and(holds_pod);
+            if r.kind == RequestKind::Upgrade
+                && touching
+                && self.locks.try_hold(&r.pod_uid, Holder::Upgrade)
+            {
                 n += 1;
             }
         }
@@ -193,6 +234,11 @@ impl<R: CriRuntime + 'static> Engine<R> {
     /// Forgets the revision a pod ran on the device once its cached pod has caught up (the
     /// cloud heard) or is gone.
     fn tidy(&self) -> Result<(), StoreError> {
+        // A cache that has not seen the pod list since it was created (a reset cache) says
+        // nothing about which pods are gone.
+        if !self.sources_ready()? {
+            return Ok(());
+        }
         for r in self.store.running_revisions()? {
             if r.awaiting_since_ms.is_some() {
                 // Deleted for its replacement to adopt it: the runtime closes it.
@@ -209,37 +255,61 @@ impl<R: CriRuntime + 'static> Engine<R> {
         Ok(())
     }
 
-    /// Drives one upgrade to a terminal state, holding its pod meanwhile.
+    /// Whether the cache has seen this node's pod list since it was created ("sources ready"):
+    /// only then does a pod missing from it mean the pod is gone.
+    fn sources_ready(&self) -> Result<bool, StoreError> {
+        Ok(self
+            .store
+            .cursor(&crate::sync::pods_cursor_key(&self.node_name))?
+            .is_some())
+    }
+
+    /// Drives one upgrade to a terminal state, holding its pod from the first step that
+    /// touches a container.
     async fn drive(self: Arc<Self>, req: RequestRecord) {
         let uid = req.pod_uid.clone();
-        // The runtime may be in the middle of something for this pod; wait for it.
-        while self.locks.holder(&uid) != Some(Holder::Upgrade)
-            && !self.locks.try_hold(&uid, Holder::Upgrade)
-        {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let mut readiness = steps::Readiness::default();
-        let mut last_error = String::new();
+        let mut st = Drive {
+            readiness: steps::Readiness::default(),
+            observer: Observer::default(),
+            // Claimed before the runtime's first pass, after a restart.
+            held: self.locks.holder(&uid) == Some(Holder::Upgrade),
+            last_error: String::new(),
+        };
         loop {
-            match self.round(req.id, &mut readiness).await {
+            match self.round(req.id, &mut st).await {
                 Ok(true) => break,
-                Ok(false) => last_error.clear(),
+                Ok(false) => st.last_error.clear(),
                 Err(e) => {
                     // Said once per cause, not every second while the runtime is away.
                     let msg = e.to_string();
-                    if msg != last_error {
-                        tracing::warn!(upgrade = req.id, pod = %req.name, error = %msg, "upgrade cannot go on yet; retrying");
-                        last_error = msg;
+                    if msg != st.last_error {
+                        tracing::warn!(upgrade = req.id, upgrade_uid = %req.uid, pod = %req.name, error = %msg, "upgrade cannot go on yet; retrying");
+                        if let Err(e) = self.store.set_request_waiting(req.id, Some(&msg)) {
+                            tracing::warn!(upgrade = req.id, error = %e, "cannot record why the upgrade waits");
+                        }
+                        st.last_error = msg;
                     }
+                    // What the observer knew may be stale once the runtime failed.
+                    st.observer.forget();
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
             }
         }
-        self.locks.release(&uid, Holder::Upgrade);
+        if st.held {
+            self.locks.release(&uid, Holder::Upgrade);
+        }
+    }
+
+    /// Records why the upgrade cannot go on now (`None`: it can), for `GET .../upgrade`.
+    fn waiting(&self, rec: &RequestRecord, why: Option<&str>) -> Result<(), StoreError> {
+        if rec.waiting.as_deref() != why {
+            self.store.set_request_waiting(rec.id, why)?;
+        }
+        Ok(())
     }
 
     /// One step. Returns whether the upgrade has ended.
-    async fn round(&self, id: i64, readiness: &mut steps::Readiness) -> Result<bool, UpgradeError> {
+    async fn round(&self, id: i64, st: &mut Drive) -> Result<bool, UpgradeError> {
         let Some(rec) = self.store.request(id)? else {
             return Ok(true);
         };
@@ -248,10 +318,61 @@ impl<R: CriRuntime + 'static> Engine<R> {
         if state.is_terminal() {
             return Ok(true);
         }
-        let mut ctx = match self.context(&rec)? {
+        let clock = crate::time::boot_ms();
+        let hold_ms = rec
+            .plan
+            .as_deref()
+            .and_then(|p| serde_json::from_str::<UpgradePlan>(p).ok())
+            .map(|p| p.hold_ms)
+            .unwrap_or(0);
+        // Every state's deadline is on this boot's clock. A row without one (a new request)
+        // or with one from another boot (a reboot mid-upgrade: how much of it is left is
+        // unknown) gets the state's whole budget from now.
+        let deadline = match rec.deadline() {
+            Some(d) => Some(d),
+            None => match self
+                .config
+                .deadlines
+                .of(state, Duration::from_millis(hold_ms))
+            {
+                Some(budget) => {
+                    if rec.deadline_from_another_boot() {
+                        tracing::info!(upgrade = id, pod = %rec.name, state = %state,
+                            "the deadline was set in another boot; the state's budget starts again");
+                    }
+                    let at = clock + budget.as_millis() as i64;
+                    self.store
+                        .set_request_deadline(id, state.as_str(), Some(at))?;
+                    Some(at)
+                }
+                None => None,
+            },
+        };
+
+        // The pod is held from the first step that touches a container. The runtime may be in
+        // the middle of something for it: wait, within the state's deadline.
+        if holds_pod(state) && !st.held {
+            if self.locks.try_hold(&rec.pod_uid, Holder::Upgrade) {
+                st.held = true;
+            } else {
+                if past(deadline, clock) {
+                    self.timed_out(&rec, state, "the pod runtime kept the pod busy")?;
+                } else {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                return Ok(false);
+            }
+        }
+
+        let ctx = match self.context(&rec)? {
             Ok(c) => c,
-            Err(why) => {
-                // Nothing can be done for it: nothing was changed yet, or the pod is gone.
+            Err(Blocked::Wait(why)) => {
+                self.waiting(&rec, Some(&why))?;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                return Ok(false);
+            }
+            Err(Blocked::End(why)) => {
+                // Nothing changed yet, or the pod is gone and its sandbox goes with it.
                 let to = if matches!(state, State::Requested | State::Pulling) {
                     State::RolledBack
                 } else {
@@ -261,45 +382,80 @@ impl<R: CriRuntime + 'static> Engine<R> {
                 return Ok(true);
             }
         };
-        let now = steps::pod_now(
+        let now = match steps::pod_now(
+            &mut st.observer,
             &*self.cri,
-            &rec.pod_uid,
             &self.node_name,
-            &self.store.pod_aliases()?,
+            &self.data_dir.join("pods"),
+            &rec.pod_uid,
+            self.store.pod_aliases()?,
         )
-        .await?;
-        if ctx.plan.mode == Mode::Recreate && !ctx.target.host_network {
-            // The new sandbox's address, for `status.podIP` in the new containers' env.
-            if let Some(ip) = steps::new_pod_ip(&*self.cri, &now, &id.to_string()).await? {
-                let mut c = ctx.target_ctx.clone();
-                c.pod_ip = Some(ip);
-                if let Ok(p) = podspec::translate(&ctx.target_json, &c) {
-                    ctx.target = p;
+        .await
+        {
+            Ok(n) => n,
+            Err(e) => {
+                // A runtime that does not answer cannot be observed, but the deadline holds.
+                if past(deadline, clock) {
+                    self.timed_out(&rec, state, &format!("the container runtime: {e}"))?;
+                    return Ok(false);
                 }
+                return Err(e.into());
             }
+        };
+        let plans = self.translate(&ctx, &now, &rec.uid)?;
+        if let (Some(why), State::Requested | State::Pulling) = (&plans.permanent, state) {
+            // Nothing changed yet, and waiting would not help.
+            self.go(
+                &rec,
+                state,
+                State::RolledBack,
+                Some(why.clone()),
+                Some(&ctx),
+                None,
+            )?;
+            return Ok(true);
         }
         let observed = steps::observe(
             &*self.cri,
             &now,
             &ctx.plan,
-            &ctx.target,
-            &id.to_string(),
+            plans.target.as_ref().map_err(String::as_str),
+            plans.old.as_ref().err().cloned(),
+            &rec.uid,
             state == State::Pulling,
-            readiness,
+            &mut st.readiness,
         )
         .await?;
         let journal = Journal {
             state,
-            deadline_ms: rec.deadline_ms,
-            ready_since_ms: rec.ready_since_ms,
+            deadline_ms: deadline,
+            ready_since_ms: rec.ready_since(),
             hold: Duration::from_millis(ctx.plan.hold_ms),
         };
-        let step = machine::next(&journal, &observed, now_ms());
+        let step = machine::next(&journal, &observed, crate::time::boot_ms());
         tracing::debug!(upgrade = id, pod = %rec.name, state = %state, step = ?step, "upgrade step");
+        // What stands in the way while the machine waits, for the OTA manager to read.
+        let blocked_by = match &step {
+            Step::Wait => observed
+                .target_unavailable
+                .as_deref()
+                .or(observed.old_unavailable.as_deref()),
+            _ => None,
+        };
+        self.waiting(&rec, blocked_by)?;
         let point = step_name(&step);
         let cri = &*self.cri;
+        let upgrade_uid = rec.uid.as_str();
+        // The old revision's grace period, whatever the target says.
+        let grace = plans
+            .old
+            .as_ref()
+            .map(|p| p.grace_period_secs)
+            .unwrap_or_else(|_| desired::grace_of(&ctx.running_json));
         match step {
             Step::Go(to, error) => {
+                // From Swapping on the engine holds the pod; the next round takes the hold
+                // and looks again before it touches anything.
                 let plan = if state == State::Pulling && to == State::Swapping {
                     Some(self.without_noops(&ctx, &now).await?)
                 } else {
@@ -308,39 +464,48 @@ impl<R: CriRuntime + 'static> Engine<R> {
                 self.go(&rec, state, to, error, Some(&ctx), plan)?;
             }
             Step::Pull(images) => {
-                for img in &images {
-                    tracing::info!(upgrade = id, pod = %rec.name, image = %img, "pulling");
-                    if let Err(e) = steps::pull(cri, img, &ctx.target).await {
-                        tracing::warn!(upgrade = id, image = %img, error = %e, "pull failed; retrying until the deadline");
-                        tokio::time::sleep(self.config.poll.max(Duration::from_secs(1))).await;
+                if let Ok(target) = &plans.target {
+                    for img in &images {
+                        tracing::info!(upgrade = id, pod = %rec.name, image = %img, "pulling");
+                        if let Err(e) = steps::pull(cri, img, target).await {
+                            tracing::warn!(upgrade = id, image = %img, error = %e, "pull failed; retrying until the deadline");
+                            self.waiting(&rec, Some(&format!("pulling {img}: {e}")))?;
+                            tokio::time::sleep(self.config.poll.max(Duration::from_secs(1))).await;
+                        }
                     }
                 }
             }
             Step::CreateNew(name) => {
-                if let Some(c) = find(&ctx.target, &name) {
-                    steps::create_new(cri, &now, &ctx.target, c, &id.to_string()).await?;
+                if let Some(c) = plans.target.as_ref().ok().and_then(|t| find(t, &name)) {
+                    if let Ok(target) = &plans.target {
+                        steps::create_new(cri, &now, target, c, upgrade_uid).await?;
+                    }
                 }
             }
             Step::StopOld(cid) | Step::StopNew(cid) => {
-                steps::ignore_missing(cri.stop_container(&cid, ctx.old.grace_period_secs).await)?;
+                steps::ignore_missing(cri.stop_container(&cid, grace).await)?;
             }
             Step::Start(cid) => cri.start_container(&cid).await?,
             Step::RemoveNew(cid) | Step::RemoveOld(cid) => {
                 steps::ignore_missing(cri.remove_container(&cid).await)?;
             }
             Step::RestoreOld { name, replace } => {
-                if let Some(old) = replace {
-                    steps::ignore_missing(cri.remove_container(&old).await)?;
-                }
-                if let Some(c) = find(&ctx.old, &name) {
-                    let fresh = steps::pod_now(
-                        cri,
-                        &rec.pod_uid,
-                        &self.node_name,
-                        &self.store.pod_aliases()?,
-                    )
-                    .await?;
-                    steps::restore(cri, &fresh, &ctx.old, c).await?;
+                if let Ok(old) = &plans.old {
+                    if let Some(old_id) = replace {
+                        steps::ignore_missing(cri.remove_container(&old_id).await)?;
+                    }
+                    if let Some(c) = find(old, &name) {
+                        let fresh = steps::pod_now(
+                            &mut st.observer,
+                            cri,
+                            &self.node_name,
+                            &self.data_dir.join("pods"),
+                            &rec.pod_uid,
+                            self.store.pod_aliases()?,
+                        )
+                        .await?;
+                        steps::restore(cri, &fresh, old, c).await?;
+                    }
                 }
             }
             Step::CreatePod => {
@@ -348,8 +513,8 @@ impl<R: CriRuntime + 'static> Engine<R> {
                     cri,
                     &now,
                     &ctx.target_json,
-                    ctx.target_ctx.clone(),
-                    &id.to_string(),
+                    plans.target_ctx.clone(),
+                    upgrade_uid,
                 )
                 .await
                 {
@@ -360,17 +525,23 @@ impl<R: CriRuntime + 'static> Engine<R> {
                     }
                 }
             }
-            Step::StopPod(sb) => {
-                steps::stop_pod(cri, &now, &sb, ctx.old.grace_period_secs, false).await?
-            }
-            Step::RemovePod(sb) => {
-                steps::stop_pod(cri, &now, &sb, ctx.old.grace_period_secs, true).await?
-            }
+            Step::StopPod(sb) => steps::stop_pod(cri, &now, &sb, grace, false).await?,
+            Step::RemovePod(sb) => steps::stop_pod(cri, &now, &sb, grace, true).await?,
             Step::MarkReady(since) => self.store.set_ready_since(id, state.as_str(), since)?,
             Step::Wait => tokio::time::sleep(self.config.poll).await,
         }
         crate::failpoint::hit(&format!("upgrade:step:{point}"));
         Ok(false)
+    }
+
+    /// An overdue state whose next step cannot be decided (the runtime does not answer, the
+    /// pod runtime keeps the pod): the journal moves on anyway.
+    fn timed_out(&self, rec: &RequestRecord, state: State, cause: &str) -> Result<(), StoreError> {
+        if let Some(Step::Go(to, error)) = machine::timed_out(state, cause) {
+            let ctx = self.context(rec)?.ok();
+            self.go(rec, state, to, error, ctx.as_ref(), None)?;
+        }
+        Ok(())
     }
 
     /// Drops the changes whose target image is, by digest, what the old container runs.
@@ -387,7 +558,7 @@ impl<R: CriRuntime + 'static> Engine<R> {
         for ch in plan.changes.drain(..) {
             let (old, _) = now.pair(&ch.container, "");
             let same = match old {
-                Some(o) => steps::same_image(&*self.cri, o, &ch.to).await?,
+                Some(o) => steps::same_image(&*self.cri, now, o, &ch.to).await?,
                 None => false,
             };
             if same {
@@ -417,7 +588,7 @@ impl<R: CriRuntime + 'static> Engine<R> {
             .config
             .deadlines
             .of(to, hold)
-            .map(|d| now_ms() + d.as_millis() as i64);
+            .map(|d| crate::time::boot_ms() + d.as_millis() as i64);
         let mut effects = Effects {
             plan: plan.or_else(|| {
                 ctx.filter(|_| from == State::Requested)
@@ -526,14 +697,28 @@ impl<R: CriRuntime + 'static> Engine<R> {
         Ok(())
     }
 
-    /// The pod, its plan and both translations; `Err(why)` when the upgrade cannot go on.
-    fn context(&self, rec: &RequestRecord) -> Result<Result<Context, String>, UpgradeError> {
+    /// The pod and its plan, from the cache and the journal.
+    fn context(&self, rec: &RequestRecord) -> Result<Result<Context, Blocked>, StoreError> {
         let Some(pod) = self.store.get_by_uid(Kind::Pod, &rec.pod_uid)? else {
-            return Ok(Err("the pod is no longer in the cache".into()));
+            // An empty cache is not a verdict: a reset cache has not seen the pod yet.
+            if !self.sources_ready()? {
+                return Ok(Err(Blocked::Wait(
+                    "the cache has not seen this node's pod list since it was created; \
+                     waiting for the apiserver"
+                        .into(),
+                )));
+            }
+            return Ok(Err(Blocked::End(
+                "the pod is no longer in the cache".into(),
+            )));
         };
         let mut running: Value = match serde_json::from_str(&pod.raw) {
             Ok(v) => v,
-            Err(e) => return Ok(Err(format!("the cached pod cannot be read: {e}"))),
+            Err(e) => {
+                return Ok(Err(Blocked::End(format!(
+                    "the cached pod cannot be read: {e}"
+                ))))
+            }
         };
         desired::as_running(
             &mut running,
@@ -541,70 +726,102 @@ impl<R: CriRuntime + 'static> Engine<R> {
         );
         let plan: UpgradePlan = match rec.plan.as_deref().map(serde_json::from_str) {
             Some(Ok(p)) => p,
-            Some(Err(e)) => return Ok(Err(format!("the journal's plan cannot be read: {e}"))),
+            Some(Err(e)) => {
+                return Ok(Err(Blocked::End(format!(
+                    "the journal's plan cannot be read: {e}"
+                ))))
+            }
             None => match self.make_plan(&pod, &running, &rec.to_hash)? {
                 Ok(p) => p,
-                Err(why) => return Ok(Err(why)),
+                Err(why) => return Ok(Err(Blocked::End(why))),
             },
         };
         let mut target = running.clone();
         match (&plan.mode, &plan.target_spec) {
             (Mode::Recreate, Some(spec)) => plan::recreate_target(&mut target, spec, &rec.to_hash),
             (Mode::Recreate, None) => {
-                return Ok(Err("the journal's recreate plan has no target spec".into()))
+                return Ok(Err(Blocked::End(
+                    "the journal's recreate plan has no target spec".into(),
+                )))
             }
             (Mode::InPlace, _) => {
                 plan::apply_images(&mut target, &plan::images(&plan), &rec.to_hash)
             }
         }
-        // A pod that adopted another's sandbox keeps that pod's directory.
         let dir_uid = self
             .store
             .pod_aliases()?
             .into_iter()
             .find(|(_, pod)| *pod == rec.pod_uid)
             .map(|(label, _)| label);
+        Ok(Ok(Context {
+            pod,
+            plan,
+            running_json: running,
+            target_json: target,
+            dir_uid,
+        }))
+    }
+
+    /// Translates both revisions with the addresses the pod has now: the running sandbox's
+    /// (in place, both revisions run there), or the new sandbox's for a recreate's target.
+    fn translate(
+        &self,
+        ctx: &Context,
+        now: &steps::PodNow,
+        upgrade_uid: &str,
+    ) -> Result<Plans, StoreError> {
         let place = Place {
             data_dir: &self.data_dir,
             node_name: &self.node_name,
             host_ip: self.host_ip.as_deref(),
         };
-        let translate = |v: &Value| -> Result<Result<PodPlan, String>, UpgradeError> {
-            let ctx = desired::context(&self.store, place, &pod, v, 0, None, dir_uid.as_deref())?;
-            match podspec::translate(v, &ctx) {
-                Ok(p) => Ok(Ok(p)),
-                // On its way (not fetched yet): the upgrade waits for it, within its deadline.
-                Err(podspec::PlanError::Missing(m)) if !m.known_absent => {
-                    Err(UpgradeError::NotYet(m.to_string()))
+        let host_network = |v: &Value| {
+            v.pointer("/spec/hostNetwork")
+                .and_then(Value::as_bool)
+                .unwrap_or(false)
+        };
+        let running_ip = now
+            .sandbox()
+            .filter(|_| !host_network(&ctx.running_json))
+            .and_then(|sb| now.sandbox_ip(&sb.id))
+            .map(str::to_string);
+        let target_ip = match ctx.plan.mode {
+            Mode::InPlace => running_ip.clone(),
+            Mode::Recreate => now.new_pod_ip(upgrade_uid),
+        }
+        .filter(|_| !host_network(&ctx.target_json));
+        let context = |v: &Value, ip: Option<String>| {
+            desired::context(
+                &self.store,
+                place,
+                &ctx.pod,
+                v,
+                0,
+                ip,
+                ctx.dir_uid.as_deref(),
+            )
+        };
+        let old_ctx = context(&ctx.running_json, running_ip)?;
+        let target_ctx = context(&ctx.target_json, target_ip)?;
+        let mut permanent = None;
+        let mut plan = |v: &Value, c: &podspec::PodContext| {
+            podspec::translate(v, c).map_err(|e| {
+                let on_its_way = matches!(&e, podspec::PlanError::Missing(m) if !m.known_absent);
+                if !on_its_way {
+                    permanent.get_or_insert_with(|| e.to_string());
                 }
-                Err(e) => Ok(Err(e.to_string())),
-            }
+                e.to_string()
+            })
         };
-        let old = match translate(&running)? {
-            Ok(p) => p,
-            Err(e) => return Ok(Err(e)),
-        };
-        let target_plan = match translate(&target)? {
-            Ok(p) => p,
-            Err(e) => return Ok(Err(e)),
-        };
-        let target_ctx = desired::context(
-            &self.store,
-            place,
-            &pod,
-            &target,
-            0,
-            None,
-            dir_uid.as_deref(),
-        )?;
-        Ok(Ok(Context {
-            pod,
-            plan,
+        let old = plan(&ctx.running_json, &old_ctx);
+        let target = plan(&ctx.target_json, &target_ctx);
+        Ok(Plans {
             old,
-            target: target_plan,
-            target_json: target,
+            target,
+            permanent,
             target_ctx,
-        }))
+        })
     }
 
     fn make_plan(

@@ -6,29 +6,19 @@ use super::machine::{Observed, Pair, Pod as MPod, Run, Sandboxes, Seen};
 use super::plan::{Mode, UpgradePlan};
 use crate::cri::{api, labels, CriError, CriRuntime};
 use crate::podspec::{ContainerPlan, PodPlan};
+use crate::runtime::observe::{attempt_of, ContainerFacts, Observer, PodObserved, Snapshot};
 use crate::runtime::probes::{self, ProbeSpec, ProbeState};
 use std::collections::HashMap;
+use std::path::Path;
 use std::time::Instant;
 
-/// The pod's sandboxes and containers, as the runtime shows them now.
-#[derive(Debug, Clone, Default)]
+/// The pod's sandboxes and containers, as the runtime shows them now: one snapshot of the
+/// runtime's own observer ([`Observer`]), so the engine and the runtime can never disagree on
+/// what runs (the sandbox's address, a container's exit code).
+#[derive(Debug, Clone)]
 pub struct PodNow {
-    /// The ready sandbox with the highest attempt: where an in-place swap happens.
-    pub sandbox: Option<api::PodSandbox>,
-    /// Every sandbox of the pod.
-    pub sandboxes: Vec<api::PodSandbox>,
-    /// Every container of the pod, in any sandbox.
-    pub all: Vec<api::Container>,
-    /// The containers of `sandbox`.
-    pub containers: Vec<api::Container>,
-}
-
-fn attempt(c: &api::Container) -> u32 {
-    c.metadata.as_ref().map(|m| m.attempt).unwrap_or(0)
-}
-
-fn sandbox_attempt(s: &api::PodSandbox) -> u32 {
-    s.metadata.as_ref().map(|m| m.attempt).unwrap_or(0)
+    snap: Snapshot,
+    uid: String,
 }
 
 fn named(c: &api::Container, name: &str) -> bool {
@@ -43,22 +33,70 @@ fn ready(s: &api::PodSandbox) -> bool {
     s.state == api::PodSandboxState::SandboxReady as i32
 }
 
+fn sandbox_attempt(s: &api::PodSandbox) -> u32 {
+    s.metadata.as_ref().map(|m| m.attempt).unwrap_or(0)
+}
+
+/// Reads the runtime once, through the observer (which remembers what does not change), and
+/// keeps what belongs to pod `uid`: objects labelled with its uid or with a pod it adopted.
+pub async fn pod_now<R: CriRuntime>(
+    observer: &mut Observer,
+    cri: &R,
+    node: &str,
+    pods_dir: &Path,
+    uid: &str,
+    aliases: HashMap<String, String>,
+) -> Result<PodNow, CriError> {
+    let mut snap = observer.observe(cri, node, pods_dir).await?;
+    snap.apply_aliases(aliases);
+    Ok(PodNow {
+        snap,
+        uid: uid.to_string(),
+    })
+}
+
 impl PodNow {
+    fn obs(&self) -> PodObserved<'_> {
+        self.snap.pod(&self.uid)
+    }
+
+    /// The ready sandbox with the highest attempt: where an in-place swap happens.
+    pub fn sandbox(&self) -> Option<&api::PodSandbox> {
+        self.obs().ready_sandbox()
+    }
+
     /// The ready sandbox to create containers in.
     fn ready_sandbox(&self) -> Result<&api::PodSandbox, CriError> {
-        self.sandbox.as_ref().ok_or_else(|| CriError::Call {
+        self.sandbox().ok_or_else(|| CriError::Call {
             method: "CreateContainer",
             code: "NoSandbox".into(),
             message: "the pod has no ready sandbox".into(),
         })
     }
 
-    /// The next attempt number for container `name`.
+    /// The pod-network address of sandbox `sb`, if it has one.
+    pub fn sandbox_ip(&self, sb: &str) -> Option<&str> {
+        self.obs().sandbox_ip(sb)
+    }
+
+    /// What the runtime said of container `id` beyond the list (exit code, image digest).
+    pub fn facts(&self, id: &str) -> Option<&ContainerFacts> {
+        self.obs().facts(id)
+    }
+
+    /// The containers of the ready sandbox.
+    fn containers(&self) -> impl Iterator<Item = &api::Container> {
+        let sb = self.sandbox().map(|s| s.id.clone()).unwrap_or_default();
+        self.obs()
+            .containers()
+            .filter(move |c| !sb.is_empty() && c.pod_sandbox_id == sb)
+    }
+
+    /// The next attempt number for container `name` in the ready sandbox.
     pub fn next_attempt(&self, name: &str) -> u32 {
-        self.containers
-            .iter()
+        self.containers()
             .filter(|c| named(c, name))
-            .map(|c| attempt(c) + 1)
+            .map(|c| attempt_of(c) + 1)
             .max()
             .unwrap_or(0)
     }
@@ -66,21 +104,17 @@ impl PodNow {
     /// The next attempt number for container `name` counting every sandbox of the pod: the
     /// runtime reserves a container's name (which includes its attempt) until it is removed.
     pub fn next_attempt_anywhere(&self, name: &str) -> u32 {
-        self.all
-            .iter()
+        self.obs()
+            .containers()
             .filter(|c| named(c, name))
-            .map(|c| attempt(c) + 1)
+            .map(|c| attempt_of(c) + 1)
             .max()
             .unwrap_or(0)
     }
 
     /// The attempt number for the pod's next sandbox.
     pub fn next_sandbox_attempt(&self) -> u32 {
-        self.sandboxes
-            .iter()
-            .map(|s| sandbox_attempt(s) + 1)
-            .max()
-            .unwrap_or(0)
+        self.obs().next_sandbox_attempt()
     }
 
     /// In place: the newest container of `name` this upgrade made, and the newest other one.
@@ -90,10 +124,9 @@ impl PodNow {
         upgrade_id: &str,
     ) -> (Option<&api::Container>, Option<&api::Container>) {
         let newest = |new: bool| {
-            self.containers
-                .iter()
+            self.containers()
                 .filter(|c| named(c, name) && of_upgrade(&c.labels, upgrade_id) == new)
-                .max_by_key(|c| attempt(c))
+                .max_by_key(|c| attempt_of(c))
         };
         (newest(false), newest(true))
     }
@@ -101,8 +134,8 @@ impl PodNow {
     /// Recreate: the newest sandbox this upgrade made, and the newest other one.
     pub fn pods(&self, upgrade_id: &str) -> (Option<&api::PodSandbox>, Option<&api::PodSandbox>) {
         let newest = |new: bool| {
-            self.sandboxes
-                .iter()
+            self.obs()
+                .sandboxes()
                 .filter(|s| of_upgrade(&s.labels, upgrade_id) == new)
                 .max_by_key(|s| sandbox_attempt(s))
         };
@@ -111,63 +144,24 @@ impl PodNow {
 
     /// The newest container of `name` in sandbox `sb`.
     pub fn in_sandbox(&self, sb: &str, name: &str) -> Option<&api::Container> {
-        self.all
-            .iter()
+        self.obs()
+            .containers()
             .filter(|c| c.pod_sandbox_id == sb && named(c, name))
-            .max_by_key(|c| attempt(c))
+            .max_by_key(|c| attempt_of(c))
     }
 
     /// The containers of sandbox `sb`.
     pub fn of_sandbox<'a>(&'a self, sb: &'a str) -> impl Iterator<Item = &'a api::Container> {
-        self.all.iter().filter(move |c| c.pod_sandbox_id == sb)
+        self.obs()
+            .containers()
+            .filter(move |c| c.pod_sandbox_id == sb)
     }
-}
 
-/// Reads the pod's sandboxes and containers: those labelled with its uid, and those of a pod
-/// it adopted (`aliases`: label uid -> pod uid).
-pub async fn pod_now<R: CriRuntime>(
-    cri: &R,
-    uid: &str,
-    node: &str,
-    aliases: &HashMap<String, String>,
-) -> Result<PodNow, CriError> {
-    let sel = HashMap::from([(labels::NODE.to_string(), node.to_string())]);
-    let owner = |l: &HashMap<String, String>| {
-        l.get(labels::POD_UID)
-            .map(|u| aliases.get(u).unwrap_or(u).as_str() == uid)
-            .unwrap_or(false)
-    };
-    let sandboxes: Vec<api::PodSandbox> = cri
-        .list_pod_sandbox(sel.clone())
-        .await?
-        .into_iter()
-        .filter(|s| owner(&s.labels))
-        .collect();
-    let all: Vec<api::Container> = cri
-        .list_containers(sel)
-        .await?
-        .into_iter()
-        .filter(|c| owner(&c.labels))
-        .collect();
-    let sandbox = sandboxes
-        .iter()
-        .filter(|s| ready(s))
-        .max_by_key(|s| sandbox_attempt(s))
-        .cloned();
-    let containers = match &sandbox {
-        Some(sb) => all
-            .iter()
-            .filter(|c| c.pod_sandbox_id == sb.id)
-            .cloned()
-            .collect(),
-        None => Vec::new(),
-    };
-    Ok(PodNow {
-        sandbox,
-        sandboxes,
-        all,
-        containers,
-    })
+    /// Recreate: the new sandbox's pod-network address, for the containers' `status.podIP`.
+    pub fn new_pod_ip(&self, upgrade_id: &str) -> Option<String> {
+        let sb = self.pods(upgrade_id).1?;
+        self.sandbox_ip(&sb.id).map(str::to_string)
+    }
 }
 
 fn run_of(state: i32) -> Run {
@@ -210,25 +204,30 @@ impl Readiness {
 }
 
 /// What the machine needs: missing target images, and each changed container's old and new.
+/// `target` is `Err(why)` when the target revision cannot be translated now; then only what
+/// a rollback needs is observed.
+#[allow(clippy::too_many_arguments)]
 pub async fn observe<R: CriRuntime>(
     cri: &R,
     now: &PodNow,
     plan: &UpgradePlan,
-    target: &PodPlan,
+    target: Result<&PodPlan, &str>,
+    old_unavailable: Option<String>,
     upgrade_id: &str,
     check_images: bool,
     readiness: &mut Readiness,
 ) -> Result<Observed, CriError> {
     let mut missing = Vec::new();
     if check_images {
-        let wanted: Vec<&String> = match plan.mode {
-            Mode::InPlace => plan.changes.iter().map(|c| &c.to).collect(),
-            Mode::Recreate => target
+        let wanted: Vec<&String> = match (&plan.mode, target) {
+            (Mode::InPlace, _) => plan.changes.iter().map(|c| &c.to).collect(),
+            (Mode::Recreate, Ok(t)) => t
                 .containers
                 .iter()
-                .chain(&target.init_containers)
+                .chain(&t.init_containers)
                 .map(|c| &c.image)
                 .collect(),
+            (Mode::Recreate, Err(_)) => Vec::new(),
         };
         for img in wanted {
             if cri.image_status(img).await?.is_none() && !missing.contains(img) {
@@ -236,79 +235,96 @@ pub async fn observe<R: CriRuntime>(
             }
         }
     }
-    let ip = target.pod_ip.clone().unwrap_or_else(|| "127.0.0.1".into());
-    if plan.mode == Mode::Recreate {
-        return observe_recreate(cri, now, target, upgrade_id, missing, &ip, readiness).await;
-    }
-    let mut pairs = Vec::new();
-    for ch in &plan.changes {
-        let (old, new) = now.pair(&ch.container, upgrade_id);
-        let spec = target
-            .containers
-            .iter()
-            .chain(&target.init_containers)
-            .find(|c| c.name == ch.container)
-            .and_then(|c| c.readiness.as_ref());
-        let old = match old {
-            Some(c) => Some(seen(cri, c, None).await?),
-            None => None,
+    let target_unavailable = target.err().map(str::to_string);
+    let target = target.ok();
+    // Where httpGet and tcpSocket probes go: the pod's address (the sandbox's on the pod
+    // network, the node's with host network), as the runtime's probes do.
+    let ip = target
+        .and_then(|t| t.pod_ip.clone())
+        .unwrap_or_else(|| "127.0.0.1".into());
+    let mut o = if plan.mode == Mode::Recreate {
+        observe_recreate(now, target, upgrade_id, missing, &ip, cri, readiness).await
+    } else {
+        let spec_of = |name: &str| {
+            target.and_then(|t| {
+                t.containers
+                    .iter()
+                    .find(|c| c.name == name)
+                    .and_then(|c| c.readiness.as_ref())
+            })
         };
-        let new = match new {
-            Some(c) => {
-                let ready = if c.state == api::ContainerState::ContainerRunning as i32 {
-                    readiness.check(cri, &c.id, &ip, spec).await
-                } else {
-                    spec.map(|_| false)
-                };
-                Some(seen(cri, c, ready).await?)
+        let mut pairs = Vec::new();
+        let mut inits = Vec::new();
+        for ch in &plan.changes {
+            let (old, new) = now.pair(&ch.container, upgrade_id);
+            let old = old.map(|c| seen(now, c, None));
+            let new = match new {
+                Some(c) if ch.init => Some(seen(now, c, None)),
+                Some(c) => {
+                    let spec = spec_of(&ch.container);
+                    let ready = if c.state == api::ContainerState::ContainerRunning as i32 {
+                        readiness.check(cri, &c.id, &ip, spec).await
+                    } else {
+                        spec.map(|_| false)
+                    };
+                    Some(seen(now, c, ready))
+                }
+                None => None,
+            };
+            let p = Pair {
+                name: ch.container.clone(),
+                old,
+                new,
+            };
+            if ch.init {
+                inits.push(p);
+            } else {
+                pairs.push(p);
             }
-            None => None,
-        };
-        pairs.push(Pair {
-            name: ch.container.clone(),
-            old,
-            new,
-        });
-    }
-    Ok(Observed {
-        missing_images: missing,
-        pairs,
-        sandbox_ready: now.sandbox.is_some(),
-        recreate: None,
-        inits: Vec::new(),
-    })
+        }
+        Observed {
+            missing_images: missing,
+            pairs,
+            sandbox_ready: now.sandbox().is_some(),
+            recreate: None,
+            inits,
+            target_unavailable: None,
+            old_unavailable: None,
+        }
+    };
+    o.target_unavailable = target_unavailable;
+    o.old_unavailable = old_unavailable;
+    Ok(o)
 }
 
 /// The recreate path: the old sandbox and the new one, and each target container's old and
 /// new instance.
 async fn observe_recreate<R: CriRuntime>(
-    cri: &R,
     now: &PodNow,
-    target: &PodPlan,
+    target: Option<&PodPlan>,
     upgrade_id: &str,
     missing: Vec<String>,
     ip: &str,
+    cri: &R,
     readiness: &mut Readiness,
-) -> Result<Observed, CriError> {
+) -> Observed {
     let (old_sb, new_sb) = now.pods(upgrade_id);
     let mut inits = Vec::new();
-    for c in &target.init_containers {
-        let new = match new_sb.and_then(|sb| now.in_sandbox(&sb.id, &c.name)) {
-            Some(n) => Some(seen(cri, n, None).await?),
-            None => None,
-        };
+    let mut pairs = Vec::new();
+    for c in target.map(|t| t.init_containers.as_slice()).unwrap_or(&[]) {
+        let new = new_sb
+            .and_then(|sb| now.in_sandbox(&sb.id, &c.name))
+            .map(|n| seen(now, n, None));
         inits.push(Pair {
             name: c.name.clone(),
             old: None,
             new,
         });
     }
-    let mut pairs = Vec::new();
-    for c in &target.containers {
-        let old = match old_sb.and_then(|sb| now.in_sandbox(&sb.id, &c.name)) {
-            Some(o) => Some(seen(cri, o, None).await?),
-            None => None,
-        };
+    for c in target.map(|t| t.containers.as_slice()).unwrap_or(&[]) {
+        let old = old_sb
+            .and_then(|sb| now.in_sandbox(&sb.id, &c.name))
+            .map(|o| seen(now, o, None));
         let new = match new_sb.and_then(|sb| now.in_sandbox(&sb.id, &c.name)) {
             Some(n) => {
                 let r = if n.state == api::ContainerState::ContainerRunning as i32 {
@@ -316,7 +332,7 @@ async fn observe_recreate<R: CriRuntime>(
                 } else {
                     c.readiness.as_ref().map(|_| false)
                 };
-                Some(seen(cri, n, r).await?)
+                Some(seen(now, n, r))
             }
             None => None,
         };
@@ -332,9 +348,9 @@ async fn observe_recreate<R: CriRuntime>(
             ready: ready(s),
         })
     };
-    let stop_first =
-        target.host_network || target.sandbox.port_mappings.iter().any(|p| p.host_port > 0);
-    Ok(Observed {
+    let stop_first = target
+        .is_some_and(|t| t.host_network || t.sandbox.port_mappings.iter().any(|p| p.host_port > 0));
+    Observed {
         missing_images: missing,
         pairs,
         sandbox_ready: new_sb.is_some_and(ready),
@@ -344,48 +360,42 @@ async fn observe_recreate<R: CriRuntime>(
             stop_first,
         }),
         inits,
-    })
+        target_unavailable: None,
+        old_unavailable: None,
+    }
 }
 
-async fn seen<R: CriRuntime>(
-    cri: &R,
-    c: &api::Container,
-    ready: Option<bool>,
-) -> Result<Seen, CriError> {
+/// A container as the machine sees it; its exit code from the observer's facts.
+fn seen(now: &PodNow, c: &api::Container, ready: Option<bool>) -> Seen {
     let exit_code = if c.state == api::ContainerState::ContainerExited as i32 {
-        match cri.container_status(&c.id).await {
-            Ok(s) => s.map(|s| s.exit_code).unwrap_or(-1),
-            Err(e) if e.is_not_found() => -1,
-            Err(e) => return Err(e),
-        }
+        now.facts(&c.id).map(|f| f.exit_code).unwrap_or(-1)
     } else {
         0
     };
-    Ok(Seen {
+    Seen {
         id: c.id.clone(),
         state: run_of(c.state),
         ready,
         exit_code,
-    })
+    }
 }
 
 /// Whether the target image is, by digest, the image the old container already runs: a tag
 /// that moved to the same digest is no change.
 pub async fn same_image<R: CriRuntime>(
     cri: &R,
+    now: &PodNow,
     old: &api::Container,
     target_image: &str,
 ) -> Result<bool, CriError> {
     let Some(img) = cri.image_status(target_image).await? else {
         return Ok(false);
     };
-    let old_ref = match cri.container_status(&old.id).await {
-        Ok(Some(s)) => s.image_ref,
-        Ok(None) => return Ok(false),
-        Err(e) if e.is_not_found() => return Ok(false),
-        Err(e) => return Err(e),
-    };
-    Ok(!old_ref.is_empty() && (img.id == old_ref || img.repo_digests.contains(&old_ref)))
+    let old_ref = now
+        .facts(&old.id)
+        .map(|f| f.image_ref.as_str())
+        .unwrap_or("");
+    Ok(!old_ref.is_empty() && (img.id == old_ref || img.repo_digests.iter().any(|d| d == old_ref)))
 }
 
 /// Pulls an image with the credentials of the container that uses it.
@@ -486,25 +496,6 @@ pub async fn create_pod<R: CriRuntime>(
     let id = cri.run_pod_sandbox(cfg).await?;
     tracing::info!(pod = %plan.name, sandbox = %id, upgrade = %upgrade_id, "new sandbox started");
     Ok(())
-}
-
-/// Recreate: the new sandbox's pod-network address, for the containers' `status.podIP`.
-pub async fn new_pod_ip<R: CriRuntime>(
-    cri: &R,
-    now: &PodNow,
-    upgrade_id: &str,
-) -> Result<Option<String>, CriError> {
-    let Some(sb) = now.pods(upgrade_id).1 else {
-        return Ok(None);
-    };
-    match cri.pod_sandbox_status(&sb.id).await {
-        Ok(st) => Ok(st
-            .and_then(|s| s.network)
-            .map(|n| n.ip)
-            .filter(|ip| !ip.is_empty())),
-        Err(e) if e.is_not_found() => Ok(None),
-        Err(e) => Err(e),
-    }
 }
 
 /// Stops a sandbox's containers (with the grace period) and the sandbox; with `remove`, removes

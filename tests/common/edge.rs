@@ -13,7 +13,54 @@ use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_edgehub");
 
+/// The pod shapes the upgrade tests run on: the field has both, and the engine broke on the
+/// second while every test used the first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// As recorded: host network, a hostPort, an exec readiness probe.
+    HostNetwork,
+    /// On the pod network (CNI): no hostPort, an httpGet readiness probe the app answers on
+    /// port 8080 (the `web` images), and `POD_IP` from the downward API.
+    PodNetwork,
+}
+
+impl Shape {
+    /// The app's image at a version ("1.0", "2.0") in this shape.
+    pub fn image(self, version: &str) -> String {
+        match self {
+            Shape::HostNetwork => format!("127.0.0.1:5000/busybox:{version}"),
+            Shape::PodNetwork => format!("127.0.0.1:5000/web:{version}"),
+        }
+    }
+
+    /// Turns a telemetry pod spec (the pod's, or a revision template's) into this shape.
+    pub fn apply(self, spec: &mut Value) {
+        if self == Shape::HostNetwork {
+            return;
+        }
+        spec["hostNetwork"] = false.into();
+        let app = &mut spec["containers"][0];
+        for v in ["1.0", "2.0"] {
+            if app["image"] == Shape::HostNetwork.image(v).as_str() {
+                app["image"] = self.image(v).into();
+            }
+        }
+        app["ports"] =
+            serde_json::json!([{"name": "http", "containerPort": 8080, "protocol": "TCP"}]);
+        app["readinessProbe"] = serde_json::json!({
+            "httpGet": {"path": "/", "port": 8080, "scheme": "HTTP"},
+            "periodSeconds": 1, "timeoutSeconds": 1, "successThreshold": 1, "failureThreshold": 3});
+        if let Some(env) = app["env"].as_array_mut() {
+            env.push(
+                serde_json::json!({"name": "POD_IP", "valueFrom": {"fieldRef":
+                {"apiVersion": "v1", "fieldPath": "status.podIP"}}}),
+            );
+        }
+    }
+}
+
 pub struct Node {
+    pub shape: Shape,
     pub server: FakeApiServer,
     pub dir: tempfile::TempDir,
     pub config: PathBuf,
@@ -27,6 +74,11 @@ pub struct Node {
 /// A node of its own (tests share one containerd): the recorded telemetry pod bound to it, a
 /// token for its identity, and a config for `edgehub run`.
 pub async fn node(tag: &str) -> Node {
+    node_shaped(tag, Shape::HostNetwork).await
+}
+
+/// As [`node`], with the pod and every revision of its DaemonSet in `shape`.
+pub async fn node_shaped(tag: &str, shape: Shape) -> Node {
     let server = FakeApiServer::start().await.unwrap();
     server.seed_recorded_cluster();
     server.remove("pods", "vehicle", "gateway-v9hb2");
@@ -40,6 +92,7 @@ pub async fn node(tag: &str) -> Node {
         if let Some(c) = p["spec"]["containers"][0].as_object_mut() {
             c.remove("command");
         }
+        shape.apply(&mut p["spec"]);
     });
     let token = format!("token-{name}");
     server.add_token(&token, &format!("system:node:{name}"));
@@ -63,7 +116,8 @@ pub async fn node(tag: &str) -> Node {
         ),
     )
     .unwrap();
-    Node {
+    let n = Node {
+        shape,
         server,
         dir,
         config,
@@ -72,10 +126,70 @@ pub async fn node(tag: &str) -> Node {
         cri: CriClient::new(&socket),
         uid,
         child: None,
-    }
+    };
+    n.reshape();
+    n
 }
 
 impl Node {
+    /// Brings every cached revision of telemetry into the node's shape.
+    fn reshape(&self) {
+        for cr in ["telemetry-768bcc7446", "telemetry-55778fbb9f"] {
+            if self
+                .server
+                .get("controllerrevisions", "vehicle", cr)
+                .is_some()
+            {
+                let shape = self.shape;
+                self.server
+                    .modify("controllerrevisions", "vehicle", cr, move |c| {
+                        shape.apply(&mut c["data"]["spec"]["template"]["spec"])
+                    });
+            }
+        }
+    }
+
+    /// The operator rolls telemetry to revision 2 (the recorded busybox 2.0), in the shape.
+    pub fn roll(&self) {
+        self.server.roll_telemetry();
+        self.reshape();
+    }
+
+    /// A third revision of telemetry in the node's shape, then edited by `edit`.
+    pub fn third_revision_with(&self, tag: &str, edit: impl FnOnce(&mut Value)) -> String {
+        let shape = self.shape;
+        third_revision_with(&self.server, tag, move |spec| {
+            shape.apply(spec);
+            edit(spec)
+        })
+    }
+
+    /// The app's image at `version` in the node's shape.
+    pub fn image(&self, version: &str) -> String {
+        self.shape.image(version)
+    }
+
+    /// The environment of a running container, as `env` prints it.
+    pub async fn env_of(&self, id: &str) -> String {
+        self.cri
+            .exec_sync(id, vec!["env".into()], Duration::from_secs(5))
+            .await
+            .map(|r| String::from_utf8_lossy(&r.stdout).into_owned())
+            .unwrap_or_default()
+    }
+
+    /// The pod-network address of a sandbox, as the runtime reports it.
+    pub async fn sandbox_ip(&self, id: &str) -> String {
+        self.cri
+            .pod_sandbox_status(id)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|s| s.network)
+            .map(|n| n.ip)
+            .unwrap_or_default()
+    }
+
     pub fn cmd(&self, args: &[&str]) -> Command {
         let mut c = Command::new(BIN);
         c.arg("--config").arg(&self.config).args(args);
@@ -240,13 +354,14 @@ impl Node {
             n.running("app").await.len() == 1 && n.running("sidecar").await.len() == 1
         })
         .await;
-        self.server.roll_telemetry();
+        self.roll();
         let mut want = "controllerrevision: 55778fbb9f".to_string();
         if let Some(image) = image {
-            want = format!(
-                "controllerrevision: {}",
-                third_revision(&self.server, image)
-            );
+            let owned = image.to_string();
+            let hash = self.third_revision_with(image, move |spec| {
+                spec["containers"][0]["image"] = owned.into();
+            });
+            want = format!("controllerrevision: {hash}");
         }
         self.offline_when_needed(want).await;
     }
@@ -258,8 +373,8 @@ impl Node {
             n.running("app").await.len() == 1 && n.running("sidecar").await.len() == 1
         })
         .await;
-        self.server.roll_telemetry();
-        let hash = third_revision_with(&self.server, "edited", edit);
+        self.roll();
+        let hash = self.third_revision_with("edited", edit);
         self.offline_when_needed(format!("controllerrevision: {hash}"))
             .await;
     }
