@@ -23,8 +23,9 @@ cri=(containerd runc docker-registry skopeo busybox-static containernetworking-p
 # demo's look into the cache and its OpenYurt-style calls.
 demo=(gcc libc6-dev sqlite3 curl)
 # The suite: `file` checks the musl binaries, systemd-analyze the unit, qemu runs aarch64,
-# pip installs zig for cargo-zigbuild.
-test=(file systemd qemu-user-static python3-pip)
+# pip installs zig for cargo-zigbuild, libfaketime moves edgehub's wall clock (the clock-jump
+# tests).
+test=(file systemd qemu-user-static python3-pip faketime)
 
 case "$what" in
     cri) packages=("${cri[@]}") ;;

@@ -567,3 +567,87 @@ fn ready_runtime() -> tokio::sync::watch::Receiver<edgehub::cri::CriHealth> {
     })
     .1
 }
+
+/// A container runtime that accepts connections and never answers (hung, not dead): an
+/// upgrade request is answered with a 503 that names it, from the handler's own budget, and
+/// nothing is recorded. (The check used to wait 5 s per image, one after another, so the API's
+/// 10 s deadline answered "Request timed out" while the handler went on and recorded it.)
+#[tokio::test]
+async fn a_hung_runtime_gets_a_503_that_names_it_and_records_nothing() {
+    let mut h = Harness::new().await;
+    roll_telemetry(&h);
+    // A third revision with three images of its own, so the check has three to ask about.
+    let mut cr = fixture_body("controllerrevisions_list_rev2")["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["metadata"]["name"] == "telemetry-55778fbb9f")
+        .unwrap()
+        .clone();
+    cr["metadata"]["name"] = json!("telemetry-r3hung");
+    cr["metadata"]["labels"]["controller-revision-hash"] = json!("r3hung");
+    cr["metadata"]["uid"] = json!("uid-r3hung");
+    cr["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("resourceVersion");
+    cr["revision"] = json!(3);
+    let spec = &mut cr["data"]["spec"]["template"]["spec"];
+    spec["containers"][0]["image"] = json!("127.0.0.1:5000/a:1");
+    spec["containers"][1]["image"] = json!("127.0.0.1:5000/b:1");
+    spec["initContainers"] = json!([{"name": "init", "image": "127.0.0.1:5000/c:1"}]);
+    h.server.apply("controllerrevisions", cr);
+    h.start();
+    h.wait_converged().await;
+
+    // The runtime's socket: connections are accepted and held, nothing is ever answered.
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("hung.sock");
+    let listener = tokio::net::UnixListener::bind(&sock).unwrap();
+    let hung = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = listener.accept().await {
+            held.push(s);
+        }
+    });
+    let mut cfg = h.config.clone();
+    cfg.api_addr = "127.0.0.1:0".parse().unwrap();
+    let mut ls = listen::bind(&cfg).await.unwrap();
+    let Listener::Tcp(tcp) = ls.remove(0) else {
+        panic!("tcp first")
+    };
+    let addr = tcp.local_addr().unwrap();
+    let state = Arc::new(ApiState {
+        store: h.store.clone().unwrap(),
+        link: h.sync().link.clone(),
+        sync_stats: h.sync().stats.clone(),
+        metrics: Default::default(),
+        token: None,
+        node_name: "edge-1".into(),
+        cri: ready_runtime(),
+        runtime: Some(edgehub::cri::CriClient::new(&sock)),
+    });
+    let (_stop, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(api::serve(Listener::Tcp(tcp), state, rx));
+
+    let path = "/openyurt.io/v1/namespaces/vehicle/pods/telemetry-sv74m/upgrade";
+    let c = LocalClient {
+        addr,
+        token: None,
+        timeout: Duration::from_secs(30),
+    };
+    let a = tokio::task::spawn_blocking(move || c.post(path))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(a.status, 503, "{}", a.body);
+    assert!(
+        a.body.contains("container runtime does not answer") && a.body.contains("not recorded"),
+        "the handler's own answer, not the API's deadline: {}",
+        a.body
+    );
+    let a = call(addr, "GET", path).await;
+    assert_eq!(a.status, 404, "nothing was recorded: {}", a.body);
+    hung.abort();
+    h.stop().await;
+}

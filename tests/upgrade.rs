@@ -16,6 +16,7 @@ fn tag(shape: Shape) -> &'static str {
     match shape {
         Shape::HostNetwork => "",
         Shape::PodNetwork => "pn",
+        Shape::WithInit => "init",
     }
 }
 
@@ -230,20 +231,82 @@ async fn missing_images_offline_are_412_and_a_second_request_is_409() {
     n2.clean().await;
 }
 
-/// Kills edgehub (SIGKILL, as a power cut would) the moment each point of an upgrade is
-/// reached, restarts it, and checks the end: the journal is terminal, exactly one container
-/// runs per name (of one revision), nothing the upgrade made is left over, and the report is
-/// queued.
-async fn crash_at(point: &str, image: Option<&str>, want: &str) {
-    let tag = point.rsplit(':').next().unwrap_or(point).to_lowercase();
-    let mut n = node(&format!(
-        "cp{}{tag}",
-        if image.is_some() { "rb" } else { "" }
-    ))
-    .await;
-    n.rolled_to_and_offline(image).await;
+/// What a crash-point run upgrades to, and where it must end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scenario {
+    /// busybox 1.0 -> 2.0 in place: Done.
+    InPlace,
+    /// In place to an image that exits at once: RolledBack.
+    InPlaceCrash,
+    /// In place to a container that runs but never gets ready (so the rollback stops it).
+    InPlaceUnready,
+    /// An env change: a new sandbox (host network: the old one stops first), Done.
+    Recreate,
+    /// A new sandbox whose app exits at once: RolledBack.
+    RecreateCrash,
+}
+
+impl Scenario {
+    fn want(self) -> &'static str {
+        match self {
+            Scenario::InPlace | Scenario::Recreate => "Done",
+            _ => "RolledBack",
+        }
+    }
+
+    fn tag(self) -> &'static str {
+        match self {
+            Scenario::InPlace => "ip",
+            Scenario::InPlaceCrash => "ipc",
+            Scenario::InPlaceUnready => "ipu",
+            Scenario::Recreate => "rc",
+            Scenario::RecreateCrash => "rcc",
+        }
+    }
+}
+
+/// Kills edgehub (SIGKILL, as a power cut would) the moment `point` of an upgrade is reached,
+/// restarts it, and checks the end: the journal is terminal and the one `scenario` names,
+/// exactly one container runs per name (of that revision) in one sandbox, nothing the upgrade
+/// made is left over, and the report is queued.
+async fn crash_at(point: String, scenario: Scenario) {
+    let short: String = point
+        .trim_start_matches("upgrade:")
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .collect::<String>()
+        .to_lowercase();
+    let mut n = node(&format!("cp{}{short}", scenario.tag())).await;
+    match scenario {
+        Scenario::InPlace => n.rolled_to_and_offline(None).await,
+        Scenario::InPlaceCrash => {
+            n.rolled_to_and_offline(Some("127.0.0.1:5000/busybox:3.0-crash"))
+                .await
+        }
+        Scenario::InPlaceUnready => {
+            // Ready only while the process that prints "from 1.0" runs.
+            n.server.modify("pods", "vehicle", "telemetry-sv74m", |p| {
+                p["spec"]["containers"][0]["readinessProbe"] = serde_json::json!({
+                    "exec": {"command": ["sh", "-c", "ps | grep -v grep | grep -q 'from 1.0'"]},
+                    "periodSeconds": 1, "failureThreshold": 1});
+            });
+            n.rolled_to_and_offline(None).await
+        }
+        Scenario::Recreate => {
+            n.edited_and_offline(|spec| add_env(spec, "LEVEL", "debug"))
+                .await
+        }
+        Scenario::RecreateCrash => {
+            n.edited_and_offline(|spec| {
+                spec["containers"][0]["image"] = "127.0.0.1:5000/busybox:3.0-crash".into();
+                add_env(spec, "LEVEL", "debug");
+            })
+            .await
+        }
+    }
+    let want = scenario.want();
     n.kill9();
-    n.start_with(Some(point));
+    n.start_with(Some(&point));
     n.wait_for(30, "the API is up", |n| async move {
         n.http("GET", "/v1/healthz").0 == 200
     })
@@ -261,7 +324,7 @@ async fn crash_at(point: &str, image: Option<&str>, want: &str) {
         }
         assert!(
             Instant::now() < deadline,
-            "{point} was never reached\n{}",
+            "{point} ({scenario:?}) was never reached\n{}",
             n.log()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -269,9 +332,14 @@ async fn crash_at(point: &str, image: Option<&str>, want: &str) {
     // Power back: the engine finishes or rolls back from the journal and the runtime.
     n.start();
     let end = n.wait_state(90, &["Done", "RolledBack", "Failed"]).await;
-    assert_eq!(end["state"], want, "{point}: {end}\n{}", n.log());
+    assert_eq!(
+        end["state"],
+        want,
+        "{point} ({scenario:?}): {end}\n{}",
+        n.log()
+    );
     n.wait_for(
-        20,
+        30,
         "one running container per name, nothing else",
         |n| async move {
             let all = n.containers().await;
@@ -289,16 +357,23 @@ async fn crash_at(point: &str, image: Option<&str>, want: &str) {
     .await;
     let app = n.running("app").await;
     let image = &app[0].image.as_ref().unwrap().image;
-    let expected = if want == "Done" {
+    let expected = if want == "Done" && scenario == Scenario::InPlace {
         "127.0.0.1:5000/busybox:2.0"
     } else {
         "127.0.0.1:5000/busybox:1.0"
     };
     assert_eq!(
         image, expected,
-        "{point}: exactly one revision runs, the journal's"
+        "{point} ({scenario:?}): exactly one revision runs, the journal's"
     );
-    assert_eq!(n.sandboxes().await.len(), 1, "{point}: one sandbox");
+    if scenario == Scenario::Recreate {
+        let env = n.env_of(&app[0].id).await;
+        assert!(env.contains("LEVEL=debug"), "{point}: the new spec runs");
+    }
+    n.wait_for(20, "one sandbox", |n| async move {
+        n.sandboxes().await.len() == 1
+    })
+    .await;
     let reasons = n.queued_event_reasons();
     let last = if want == "Done" {
         "UpgradeSucceeded"
@@ -312,41 +387,88 @@ async fn crash_at(point: &str, image: Option<&str>, want: &str) {
     n.clean().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crash_at_any_point_of_an_upgrade_ends_in_one_revision() {
-    let points = [
-        "upgrade:after:Pulling",
-        "upgrade:after:Swapping",
-        "upgrade:step:CreateNew",
-        "upgrade:step:StopOld",
-        "upgrade:step:Start",
-        "upgrade:after:Verifying",
-        "upgrade:step:MarkReady",
-        "upgrade:after:Committed",
-        "upgrade:step:RemoveOld",
-        "upgrade:after:Done",
-    ];
-    for p in points {
-        crash_at(p, None, "Done").await;
+/// Runs a crash point per entry, a few at a time (each has its own node and edgehub), and
+/// returns how many ran.
+async fn sweep(points: &[(&str, Scenario)]) -> usize {
+    for chunk in points.chunks(3) {
+        let mut set = tokio::task::JoinSet::new();
+        for (p, s) in chunk {
+            set.spawn(crash_at(p.to_string(), *s));
+        }
+        while let Some(r) = set.join_next().await {
+            if let Err(e) = r {
+                std::panic::resume_unwind(e.into_panic());
+            }
+        }
     }
-    println!("crash points covered on the way to Done: {}", points.len());
+    points.len()
 }
 
+/// Before and after every side effect of the in-place path (a transition's "before" is the
+/// step before it's "after"), on the way to Done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_at_any_point_of_an_upgrade_ends_in_one_revision() {
+    use Scenario::InPlace;
+    let mut points = vec![
+        ("upgrade:after:Pulling", InPlace),
+        ("upgrade:after:Swapping", InPlace),
+        ("upgrade:after:Verifying", InPlace),
+        ("upgrade:step:MarkReady", InPlace),
+        ("upgrade:after:Committed", InPlace),
+        ("upgrade:after:Done", InPlace),
+    ];
+    for step in ["CreateNew", "StopOld", "Start", "RemoveOld"] {
+        points.push((leak(format!("upgrade:before:{step}")), InPlace));
+        points.push((leak(format!("upgrade:step:{step}")), InPlace));
+    }
+    let n = sweep(&points).await;
+    println!("crash points covered on the in-place way to Done: {n}");
+}
+
+/// The same for the in-place rollback: a new container that exits, and one that runs but is
+/// never ready (so the rollback has to stop it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_at_any_point_of_a_rollback_ends_in_the_old_revision() {
-    let points = [
-        "upgrade:after:RollingBack",
-        "upgrade:step:RemoveNew",
-        "upgrade:step:RestoreOld",
-        "upgrade:after:RolledBack",
+    use Scenario::{InPlaceCrash, InPlaceUnready};
+    let mut points = vec![
+        ("upgrade:after:RollingBack", InPlaceCrash),
+        ("upgrade:after:RolledBack", InPlaceCrash),
     ];
-    for p in points {
-        crash_at(p, Some("127.0.0.1:5000/busybox:3.0-crash"), "RolledBack").await;
+    for step in ["RemoveNew", "RestoreOld"] {
+        points.push((leak(format!("upgrade:before:{step}")), InPlaceCrash));
+        points.push((leak(format!("upgrade:step:{step}")), InPlaceCrash));
     }
-    println!(
-        "crash points covered on the way to RolledBack: {}",
-        points.len()
-    );
+    points.push(("upgrade:before:StopNew", InPlaceUnready));
+    points.push(("upgrade:step:StopNew", InPlaceUnready));
+    let n = sweep(&points).await;
+    println!("crash points covered on the in-place way to RolledBack: {n}");
+}
+
+/// The recreate path: every sandbox and container step before and after, to Done and to
+/// RolledBack.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_at_any_point_of_a_recreate_ends_in_one_revision() {
+    use Scenario::{Recreate, RecreateCrash};
+    let mut points = vec![
+        ("upgrade:after:Verifying", Recreate),
+        ("upgrade:after:Committed", Recreate),
+        ("upgrade:after:Done", Recreate),
+        ("upgrade:after:RollingBack", RecreateCrash),
+        ("upgrade:after:RolledBack", RecreateCrash),
+    ];
+    for step in ["CreatePod", "CreateNew", "Start", "StopPod", "RemovePod"] {
+        points.push((leak(format!("upgrade:before:{step}")), Recreate));
+        points.push((leak(format!("upgrade:step:{step}")), Recreate));
+    }
+    // In the rollback, the first sandbox removed is the new one.
+    points.push(("upgrade:before:RemovePod", RecreateCrash));
+    points.push(("upgrade:step:RemovePod", RecreateCrash));
+    let n = sweep(&points).await;
+    println!("crash points covered on the recreate path: {n}");
+}
+
+fn leak(s: String) -> &'static str {
+    Box::leak(s.into_boxed_str())
 }
 
 /// While online, a new revision's images are pulled as soon as it appears, and the pod gets

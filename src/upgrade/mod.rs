@@ -444,6 +444,11 @@ impl<R: CriRuntime + 'static> Engine<R> {
         };
         self.waiting(&rec, blocked_by)?;
         let point = step_name(&step);
+        // The crash-point sweep kills edgehub before a step's side effect as well as after
+        // it (a transition's "before" is the previous step's "after").
+        if !matches!(step, Step::Go(..) | Step::Wait) {
+            crate::failpoint::hit(&format!("upgrade:before:{point}"));
+        }
         let cri = &*self.cri;
         let upgrade_uid = rec.uid.as_str();
         // The old revision's grace period, whatever the target says.
@@ -467,7 +472,22 @@ impl<R: CriRuntime + 'static> Engine<R> {
                 if let Ok(target) = &plans.target {
                     for img in &images {
                         tracing::info!(upgrade = id, pod = %rec.name, image = %img, "pulling");
-                        if let Err(e) = steps::pull(cri, img, target).await {
+                        // No longer than the state has left: a registry that accepts and
+                        // never answers must not hold the deadline off.
+                        let left = deadline
+                            .map(|d| {
+                                Duration::from_millis((d - crate::time::boot_ms()).max(0) as u64)
+                            })
+                            .unwrap_or(Duration::MAX);
+                        let pulled =
+                            match tokio::time::timeout(left, steps::pull(cri, img, target)).await {
+                                Ok(r) => r,
+                                Err(_) => Err(CriError::Timeout {
+                                    method: "PullImage",
+                                    timeout: left,
+                                }),
+                            };
+                        if let Err(e) = pulled {
                             tracing::warn!(upgrade = id, image = %img, error = %e, "pull failed; retrying until the deadline");
                             self.waiting(&rec, Some(&format!("pulling {img}: {e}")))?;
                             tokio::time::sleep(self.config.poll.max(Duration::from_secs(1))).await;

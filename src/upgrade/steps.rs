@@ -196,6 +196,7 @@ impl Readiness {
             .or_insert_with(|| (spec.clone(), ProbeState::new(Instant::now())));
         if st.due_at(sp) <= Instant::now() {
             let outcome = probes::run(cri, id, ip, sp).await;
+            tracing::debug!(container = id, ip, outcome = ?outcome, "readiness probe of a new container");
             let sp = sp.clone();
             st.record(Instant::now(), outcome, &sp);
         }
@@ -260,6 +261,8 @@ pub async fn observe<R: CriRuntime>(
             let old = old.map(|c| seen(now, c, None));
             let new = match new {
                 Some(c) if ch.init => Some(seen(now, c, None)),
+                // Without the target's translation its probe is unknown: not verified.
+                Some(c) if target.is_none() => Some(seen(now, c, Some(false))),
                 Some(c) => {
                     let spec = spec_of(&ch.container);
                     let ready = if c.state == api::ContainerState::ContainerRunning as i32 {

@@ -22,45 +22,64 @@ pub enum Shape {
     /// On the pod network (CNI): no hostPort, an httpGet readiness probe the app answers on
     /// port 8080 (the `web` images), and `POD_IP` from the downward API.
     PodNetwork,
+    /// As recorded, plus an init container with the app's image (its revisions change both).
+    WithInit,
 }
 
 impl Shape {
     /// The app's image at a version ("1.0", "2.0") in this shape.
     pub fn image(self, version: &str) -> String {
         match self {
-            Shape::HostNetwork => format!("127.0.0.1:5000/busybox:{version}"),
+            Shape::HostNetwork | Shape::WithInit => format!("127.0.0.1:5000/busybox:{version}"),
             Shape::PodNetwork => format!("127.0.0.1:5000/web:{version}"),
         }
     }
 
     /// Turns a telemetry pod spec (the pod's, or a revision template's) into this shape.
     pub fn apply(self, spec: &mut Value) {
-        if self == Shape::HostNetwork {
-            return;
+        // The image's own command prints its version ("hello from 1.0") and, for the web
+        // images, serves HTTP: the new process shows which image it runs.
+        if let Some(c) = spec["containers"][0].as_object_mut() {
+            c.remove("command");
         }
-        spec["hostNetwork"] = false.into();
-        let app = &mut spec["containers"][0];
-        for v in ["1.0", "2.0"] {
-            if app["image"] == Shape::HostNetwork.image(v).as_str() {
-                app["image"] = self.image(v).into();
+        match self {
+            Shape::HostNetwork => {}
+            Shape::WithInit => {
+                let image = spec["containers"][0]["image"].clone();
+                spec["initContainers"] = serde_json::json!([{"name": "prepare", "image": image,
+                    "command": ["sh", "-c", "echo prepared"], "imagePullPolicy": "IfNotPresent",
+                    "terminationMessagePath": "/dev/termination-log",
+                    "terminationMessagePolicy": "File"}]);
             }
-        }
-        app["ports"] =
-            serde_json::json!([{"name": "http", "containerPort": 8080, "protocol": "TCP"}]);
-        app["readinessProbe"] = serde_json::json!({
-            "httpGet": {"path": "/", "port": 8080, "scheme": "HTTP"},
-            "periodSeconds": 1, "timeoutSeconds": 1, "successThreshold": 1, "failureThreshold": 3});
-        if let Some(env) = app["env"].as_array_mut() {
-            env.push(
-                serde_json::json!({"name": "POD_IP", "valueFrom": {"fieldRef":
-                {"apiVersion": "v1", "fieldPath": "status.podIP"}}}),
-            );
+            Shape::PodNetwork => {
+                spec["hostNetwork"] = false.into();
+                let app = &mut spec["containers"][0];
+                for v in ["1.0", "2.0"] {
+                    if app["image"] == Shape::HostNetwork.image(v).as_str() {
+                        app["image"] = self.image(v).into();
+                    }
+                }
+                app["ports"] =
+                    serde_json::json!([{"name": "http", "containerPort": 8080, "protocol": "TCP"}]);
+                app["readinessProbe"] = serde_json::json!({
+                    "httpGet": {"path": "/", "port": 8080, "scheme": "HTTP"},
+                    "periodSeconds": 1, "timeoutSeconds": 1, "successThreshold": 1,
+                    "failureThreshold": 3});
+                if let Some(env) = app["env"].as_array_mut() {
+                    env.push(
+                        serde_json::json!({"name": "POD_IP", "valueFrom": {"fieldRef":
+                        {"apiVersion": "v1", "fieldPath": "status.podIP"}}}),
+                    );
+                }
+            }
         }
     }
 }
 
 pub struct Node {
     pub shape: Shape,
+    /// The DaemonSet's minReadySeconds from the roll on (the recorded one has none).
+    pub min_ready_seconds: Option<i64>,
     pub server: FakeApiServer,
     pub dir: tempfile::TempDir,
     pub config: PathBuf,
@@ -87,11 +106,6 @@ pub async fn node_shaped(tag: &str, shape: Shape) -> Node {
     server.modify("pods", "vehicle", "telemetry-sv74m", |p| {
         p["spec"]["nodeName"] = name.clone().into();
         p["metadata"]["uid"] = uid.clone().into();
-        // The image's own command prints its version ("hello from 1.0"), so the new process
-        // shows which image it runs.
-        if let Some(c) = p["spec"]["containers"][0].as_object_mut() {
-            c.remove("command");
-        }
         shape.apply(&mut p["spec"]);
     });
     let token = format!("token-{name}");
@@ -108,7 +122,7 @@ pub async fn node_shaped(tag: &str, shape: Shape) -> Node {
         format!(
             "node_name = \"{name}\"\napi_addr = \"{api}\"\ndata_dir = \"{}\"\nkubeconfig = \"{}\"\ncri_socket = \"{}\"\n\
              [sync]\nbackoff_initial_ms = 50\nbackoff_max_secs = 1\n\
-             [upgrade]\nverify_timeout_secs = 6\n\
+             [upgrade]\nverify_timeout_secs = 6\ninputs_timeout_secs = 5\n\
              [report]\nreconnect_jitter_secs = 2\nretry_max_secs = 4\n",
             dir.path().join("data").display(),
             kc.display(),
@@ -118,6 +132,7 @@ pub async fn node_shaped(tag: &str, shape: Shape) -> Node {
     .unwrap();
     let n = Node {
         shape,
+        min_ready_seconds: None,
         server,
         dir,
         config,
@@ -132,27 +147,40 @@ pub async fn node_shaped(tag: &str, shape: Shape) -> Node {
 }
 
 impl Node {
-    /// Brings every cached revision of telemetry into the node's shape.
+    /// Brings the seeded revision of telemetry into the node's shape (before edgehub starts).
     fn reshape(&self) {
-        for cr in ["telemetry-768bcc7446", "telemetry-55778fbb9f"] {
-            if self
-                .server
-                .get("controllerrevisions", "vehicle", cr)
-                .is_some()
-            {
-                let shape = self.shape;
-                self.server
-                    .modify("controllerrevisions", "vehicle", cr, move |c| {
-                        shape.apply(&mut c["data"]["spec"]["template"]["spec"])
-                    });
-            }
-        }
+        let shape = self.shape;
+        self.server.modify(
+            "controllerrevisions",
+            "vehicle",
+            "telemetry-768bcc7446",
+            move |c| shape.apply(&mut c["data"]["spec"]["template"]["spec"]),
+        );
     }
 
     /// The operator rolls telemetry to revision 2 (the recorded busybox 2.0), in the shape.
+    /// Each revision is shaped before it is applied: a watch event of the recorded template
+    /// must never reach edgehub, or the two revisions would differ in more than images.
     pub fn roll(&self) {
-        self.server.roll_telemetry();
-        self.reshape();
+        for mut item in edgehub_testsupport::fixture_body("controllerrevisions_list_rev2")["items"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+        {
+            if item["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("telemetry-"))
+            {
+                self.shape
+                    .apply(&mut item["data"]["spec"]["template"]["spec"]);
+            }
+            self.server.apply("controllerrevisions", item);
+        }
+        let mut ds = edgehub_testsupport::fixture_body("daemonset_after_update");
+        if let Some(s) = self.min_ready_seconds {
+            ds["spec"]["minReadySeconds"] = s.into();
+        }
+        self.server.apply("daemonsets", ds);
     }
 
     /// A third revision of telemetry in the node's shape, then edited by `edit`.
@@ -190,6 +218,17 @@ impl Node {
             .unwrap_or_default()
     }
 
+    /// Edits the config file edgehub starts with (before a start).
+    pub fn edit_config(&self, edit: impl FnOnce(String) -> String) {
+        let s = std::fs::read_to_string(&self.config).unwrap();
+        std::fs::write(&self.config, edit(s)).unwrap();
+    }
+
+    /// The data dir's database path.
+    pub fn db(&self) -> PathBuf {
+        self.dir.path().join("data/edgehub.db")
+    }
+
     pub fn cmd(&self, args: &[&str]) -> Command {
         let mut c = Command::new(BIN);
         c.arg("--config").arg(&self.config).args(args);
@@ -202,10 +241,16 @@ impl Node {
 
     /// `edgehub run`, armed to kill itself at `failpoint`.
     pub fn start_with(&mut self, failpoint: Option<&str>) {
-        let mut cmd = self.cmd(&["run"]);
+        self.start_cmd(&["run"], failpoint, &[])
+    }
+
+    /// `edgehub` with `args`, armed to kill itself at `failpoint`, with `env` added.
+    pub fn start_cmd(&mut self, args: &[&str], failpoint: Option<&str>, env: &[(&str, &str)]) {
+        let mut cmd = self.cmd(args);
         if let Some(f) = failpoint {
             cmd.env("EDGEHUB_FAILPOINT", f);
         }
+        cmd.envs(env.iter().copied());
         let child = cmd
             .stdout(Stdio::null())
             .stderr(
