@@ -160,6 +160,10 @@ impl<R: CriRuntime + 'static> Engine<R> {
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let mut changes = self.store.subscribe();
         let mut driving: HashMap<i64, JoinHandle<()>> = HashMap::new();
+        // The cache generation and link state the runtime map and the pre-pulls were last
+        // looked at for: both read every pod and DaemonSet, which an idle node must not do
+        // once a second.
+        let mut looked: Option<(u64, bool)> = None;
         loop {
             driving.retain(|_, h| !h.is_finished());
             match self.store.active_requests() {
@@ -179,11 +183,18 @@ impl<R: CriRuntime + 'static> Engine<R> {
                 }
                 Err(e) => tracing::warn!(error = %e, "cannot read the upgrade requests"),
             }
-            if let Err(e) = self.tidy() {
-                tracing::warn!(error = %e, "cannot tidy the runtime map");
-            }
-            if let Err(e) = self.request_prepulls() {
-                tracing::warn!(error = %e, "cannot request pre-pulls");
+            let now = (*changes.borrow(), self.online());
+            if looked != Some(now) {
+                let tidied = self.tidy();
+                if let Err(e) = &tidied {
+                    tracing::warn!(error = %e, "cannot tidy the runtime map");
+                }
+                let requested = self.request_prepulls();
+                if let Err(e) = &requested {
+                    tracing::warn!(error = %e, "cannot request pre-pulls");
+                }
+                // A failure is looked at again on the next tick.
+                looked = (tidied.is_ok() && requested.is_ok()).then_some(now);
             }
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
@@ -197,13 +208,15 @@ impl<R: CriRuntime + 'static> Engine<R> {
         }
     }
 
+    fn online(&self) -> bool {
+        self.link
+            .as_ref()
+            .is_some_and(|l| matches!(*l.borrow(), crate::sync::LinkState::Online))
+    }
+
     /// While online, asks for a pre-pull of every new update revision a pod needs, once.
     fn request_prepulls(&self) -> Result<(), StoreError> {
-        let online = self
-            .link
-            .as_ref()
-            .is_some_and(|l| matches!(*l.borrow(), crate::sync::LinkState::Online));
-        if !self.config.prepull || !online {
+        if !self.config.prepull || !self.online() {
             return Ok(());
         }
         let mut decider = Decider::new(&self.store);
