@@ -338,6 +338,100 @@ async fn events_answer_as_recorded_and_a_series_is_a_patch() {
     assert_eq!(ev["lastTimestamp"], "2026-11-30T21:05:00Z");
 }
 
+/// A node may create and patch Events, never read them: a second upgrade's Event of the same
+/// name is a 409, a GET or LIST of Events is a 403, and the series goes on as a PATCH from
+/// the sender's own count.
+#[tokio::test]
+async fn a_node_keeps_its_event_series_without_reading_events() {
+    let s = server().await;
+    for name in [
+        "event_create_fixed_name_as_node",
+        "event_create_fixed_name_again_conflict",
+        "event_get_forbidden_as_node",
+        "events_list_forbidden_as_node",
+        "event_patch_series_without_get_as_node",
+    ] {
+        let (code, got, want) = replay(&s, name, None).await;
+        assert_same(name, code, &got, &want);
+        if want["body"]["kind"] == "Status" {
+            assert_eq!(got["message"], want["body"]["message"], "{name}");
+        }
+    }
+    let ev = s
+        .get(
+            "events",
+            "vehicle",
+            "telemetry-n7t6s.edgehub-upgradestarted",
+        )
+        .unwrap();
+    let want = fixture_body("event_patch_series_without_get_as_node");
+    for field in ["count", "firstTimestamp", "lastTimestamp", "message"] {
+        assert_eq!(ev[field], want[field], "{field}");
+    }
+    // Nor watch them; the administrator may read them all.
+    let (code, _) = s
+        .raw(
+            Some(NODE_TOKEN),
+            "GET",
+            "/api/v1/namespaces/vehicle/events?watch=1",
+            None,
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(code, 403);
+    let (code, got) = s
+        .raw(
+            Some(ADMIN_TOKEN),
+            "GET",
+            "/api/v1/namespaces/vehicle/events/telemetry-n7t6s.edgehub-upgradestarted",
+            None,
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(code, 200, "{got}");
+}
+
+/// A lost answer: the write is carried out, the connection closes without an answer.
+#[tokio::test]
+async fn a_lost_answer_still_lands() {
+    let s = server().await;
+    s.lose_next_answers(1, "POST", &["/events"]);
+    let body = fixture("event_create_fixed_name_as_node")["request"]["body"].clone();
+    let path = "/api/v1/namespaces/vehicle/events";
+    let r = s
+        .raw(
+            Some(NODE_TOKEN),
+            "POST",
+            path,
+            Some("application/json"),
+            Some(&body),
+        )
+        .await;
+    assert!(r.is_err(), "no answer: {r:?}");
+    assert!(s
+        .get(
+            "events",
+            "vehicle",
+            "telemetry-n7t6s.edgehub-upgradestarted"
+        )
+        .is_some());
+    assert_eq!(s.count(|r| r.answer_lost && r.status == 201), 1);
+    // Once: the same create again is answered, 409.
+    let (code, _) = s
+        .raw(
+            Some(NODE_TOKEN),
+            "POST",
+            path,
+            Some("application/json"),
+            Some(&body),
+        )
+        .await
+        .unwrap();
+    assert_eq!(code, 409);
+}
+
 #[tokio::test]
 async fn referenced_objects_answer_403_until_the_authorizer_catches_up() {
     let s = server().await;

@@ -444,3 +444,130 @@ async fn patch_mode_patches_the_images_and_the_revision_label() {
     );
     n.clean().await;
 }
+
+/// Requests of this node that read Events (a GET, LIST or WATCH): a node may not, and the
+/// fake refuses them with the recorded 403.
+fn event_reads(n: &edge::Node) -> usize {
+    n.server
+        .count(|r| r.resource == "events" && matches!(r.verb, "get" | "list" | "watch"))
+}
+
+/// The outbox is empty: nothing queued, nothing parked.
+fn drained(n: &edge::Node) -> bool {
+    outbox(n).is_some_and(|o| o["queued"] == 0 && o["parked"] == Value::Array(vec![]))
+}
+
+/// Two attempts to upgrade the same pod object, both rolled back: the second attempt's
+/// `UpgradeStarted` and `UpgradeRolledBack` have the names the first one's have, so the
+/// apiserver answers their creates with 409. A node may not read Events (the fake answers a
+/// GET or LIST with the recorded 403), so the series is kept on the device and PATCHed:
+/// both reach the cloud with count 2, and nothing is parked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_rollback_reaches_the_cloud_as_a_series_of_two() {
+    let mut n = node("series").await;
+    n.rolled_to_and_offline(Some("127.0.0.1:5000/busybox:3.0-crash"))
+        .await;
+    let (code, body) = n.http("POST", &n.upgrade_path());
+    assert_eq!(code, 200, "{body}");
+    let first = n.wait_state(60, &["Done", "RolledBack", "Failed"]).await;
+    assert_eq!(first["state"], "RolledBack", "{first}");
+    n.server.set_offline(false).await.unwrap();
+    n.wait_for(60, "the first attempt's Events, count 1", |n| async move {
+        ["upgradestarted", "upgraderolledback"]
+            .iter()
+            .all(|r| event(n, "telemetry-sv74m", r).is_some_and(|e| e["count"] == 1))
+    })
+    .await;
+
+    let (code, body) = n.http("POST", &n.upgrade_path());
+    assert_eq!(code, 200, "{body}");
+    let first_id = first["id"].clone();
+    n.wait_for(60, "the second attempt rolls back", |n| {
+        let first_id = first_id.clone();
+        async move {
+            n.state()
+                .is_some_and(|s| s["id"] != first_id && s["state"] == "RolledBack")
+        }
+    })
+    .await;
+    let second = n.state().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !(["upgradestarted", "upgraderolledback"]
+        .iter()
+        .all(|r| event(&n, "telemetry-sv74m", r).is_some_and(|e| e["count"] == 2))
+        && drained(&n))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the second attempt's Events never became a series of 2:\n{:#}\n{:#}\noutbox: {:?}\nrows: {:#?}\n{}",
+            event(&n, "telemetry-sv74m", "upgradestarted").unwrap_or_default(),
+            event(&n, "telemetry-sv74m", "upgraderolledback").unwrap_or_default(),
+            outbox(&n),
+            outbox_rows(&n),
+            n.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let started = event(&n, "telemetry-sv74m", "upgradestarted").unwrap();
+    assert!(
+        started["message"]
+            .as_str()
+            .unwrap_or("")
+            .ends_with(&format!("(request {})", second["id"])),
+        "the series carries the latest message: {started}"
+    );
+    assert!(
+        started["lastTimestamp"].as_str() >= started["firstTimestamp"].as_str(),
+        "{started}"
+    );
+    assert_eq!(event_reads(&n), 0, "a node never reads Events");
+    assert_eq!(
+        n.server
+            .count(|r| r.resource == "events" && r.verb == "create" && r.status == 201),
+        2,
+        "one create per series"
+    );
+    n.clean().await;
+}
+
+/// The create of an Event lands and its answer is lost on the way back. Tried again, the
+/// create is a 409; the Event already holds this delivery's count, so the series' own
+/// record PATCHes it to the same count: 1, not 2, and nothing is parked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_whose_create_answer_was_lost_is_counted_once() {
+    let mut n = node("lostcreate").await;
+    n.rolled_and_offline().await;
+    let (code, body) = n.http("POST", &n.upgrade_path());
+    assert_eq!(code, 200, "{body}");
+    let end = n.wait_state(60, &["Done", "RolledBack", "Failed"]).await;
+    assert_eq!(end["state"], "Done", "{end}");
+    n.server.lose_next_answers(1, "POST", &["/events"]);
+    n.server.set_offline(false).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !(["upgradestarted", "upgradesucceeded"]
+        .iter()
+        .all(|r| event(&n, "telemetry-sv74m", r).is_some())
+        && drained(&n))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the Events were not delivered:\noutbox: {:?}\nrows: {:#?}\n{}",
+            outbox(&n),
+            outbox_rows(&n),
+            n.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        n.server
+            .count(|r| r.resource == "events" && r.answer_lost && r.status == 201),
+        1,
+        "a create landed without an answer"
+    );
+    for r in ["upgradestarted", "upgradesucceeded"] {
+        let ev = event(&n, "telemetry-sv74m", r).unwrap();
+        assert_eq!(ev["count"], 1, "{ev}");
+    }
+    assert_eq!(event_reads(&n), 0, "a node never reads Events");
+    n.clean().await;
+}

@@ -18,11 +18,8 @@ pub trait Cloud: Send + Sync {
         namespace: &str,
         body: Vec<u8>,
     ) -> impl Future<Output = Result<String, KubeError>> + Send;
-    fn get_event(
-        &self,
-        namespace: &str,
-        name: &str,
-    ) -> impl Future<Output = Result<String, KubeError>> + Send;
+    /// PATCH an Event (strategic merge). There is no GET: a node may create and patch Events
+    /// but never read them (403), so a series is kept on the device.
     fn patch_event(
         &self,
         namespace: &str,
@@ -65,10 +62,6 @@ impl Cloud for ApiClient {
 
     async fn create_event(&self, namespace: &str, body: Vec<u8>) -> Result<String, KubeError> {
         self.create(&EVENTS, Some(namespace), body).await
-    }
-
-    async fn get_event(&self, namespace: &str, name: &str) -> Result<String, KubeError> {
-        self.get(&EVENTS, Some(namespace), name).await
     }
 
     async fn patch_event(

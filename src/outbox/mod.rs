@@ -8,8 +8,13 @@
 //!   good: kept with its error, shown in `edgehub status` and `/metrics`, out of the way).
 //! - A status is sent as the two-way patch from the status the apiserver holds (the cached
 //!   pod) to the queued one merged onto it; the answer goes back into the cache.
-//! - An Event is created; if it exists (409), its count and lastTimestamp are patched, the
-//!   kubelet's event series.
+//! - An Event is a series kept on the device (`store::EventSeries`), since a node may create
+//!   and patch Events but never read them (403): the first delivery creates it, later ones
+//!   PATCH `count`, `lastTimestamp` and `message`. The count sent is the series' total, never
+//!   an increment, so a delivery whose answer was lost and that is sent again sets the same
+//!   count. A create answered 409 (an Event of that name the device has no record of, or its
+//!   own create whose answer was lost) is PATCHed; a PATCH answered 404 (the apiserver's
+//!   event TTL removed it) is created again.
 //! - The revision a pod runs after an offline upgrade is reported by delete-and-adopt: once
 //!   its DaemonSet's update revision is still that revision, the pod object is deleted (uid
 //!   precondition, grace 0); the DaemonSet controller creates its replacement at that
@@ -27,7 +32,9 @@ use crate::backoff::BackoffPolicy;
 use crate::kube::KubeError;
 use crate::object::Kind;
 use crate::runtime::status::{merge_onto, two_way_patch};
-use crate::store::{OutboxRow, RowKind, RunningRevision, Store, StoreError, StoredObject};
+use crate::store::{
+    EventSeries, OutboxRow, RowKind, RunningRevision, Store, StoreError, StoredObject,
+};
 use crate::sync::LinkState;
 use classify::{classify, Verdict};
 use cloud::Cloud;
@@ -287,6 +294,11 @@ impl<C: Cloud> Sender<C> {
                 },
             }
         }
+        if d.events_sent + d.dropped > 0 {
+            // The series of pods that are gone go with them (after a delivery or a drop, not
+            // on every wake-up).
+            self.store.prune_event_series()?;
+        }
         // A pod whose upgrade is still going (Committed, not yet Done) is the engine's: its
         // revision is reported once it finishes, so the deletion cannot pull the pod out
         // from under the engine's last step.
@@ -404,7 +416,24 @@ impl<C: Cloud> Sender<C> {
         let mut body: Value = serde_json::from_str(&row.body).map_err(|e| {
             Failure::Verdict(Verdict::Drop, format!("unreadable queued Event: {e}"))
         })?;
-        body["count"] = row.occurrences.into();
+        // A row queued before its series was kept (none in practice: both are written in one
+        // transaction) starts one from what it holds.
+        let series = self.store.event_series(row)?.unwrap_or(EventSeries {
+            count: row.occurrences,
+            first_timestamp: None,
+            created: false,
+        });
+        body["count"] = series.count.into();
+        if let Some(first) = &series.first_timestamp {
+            body["firstTimestamp"] = first.as_str().into();
+        }
+        if series.created {
+            match self.patch_series(&body, row, d).await {
+                // The apiserver's event TTL removed it: created again, with the whole count.
+                Err(e) if e.code() == Some(404) => {}
+                r => return r.map_err(Failure::from),
+            }
+        }
         self.pace().await;
         d.requests += 1;
         match self
@@ -413,43 +442,28 @@ impl<C: Cloud> Sender<C> {
             .await
         {
             Ok(_) => Ok(()),
-            Err(e) if e.code() == Some(409) => self.bump_event(&body, row, d).await,
+            // It exists: this series' own create whose answer was lost, or an Event of this
+            // name the device kept no record of. The count is the series' total either way.
+            Err(e) if e.code() == Some(409) => Ok(self.patch_series(&body, row, d).await?),
             Err(e) => Err(e.into()),
         }
     }
 
-    /// The Event exists: add these occurrences to its count, as the kubelet's series does.
-    async fn bump_event(
+    /// Sets the Event's `count`, `lastTimestamp` and `message` from the device's series, as
+    /// the kubelet's series PATCH does (fixture `event_patch_series_without_get_as_node`).
+    async fn patch_series(
         &mut self,
         body: &Value,
         row: &OutboxRow,
         d: &mut Drained,
-    ) -> Result<(), Failure> {
+    ) -> Result<(), KubeError> {
         let name = body
             .pointer("/metadata/name")
             .and_then(Value::as_str)
-            .unwrap_or_default()
+            .unwrap_or(&row.name)
             .to_string();
-        self.pace().await;
-        d.requests += 1;
-        let existing: Value =
-            serde_json::from_str(&self.cloud.get_event(&row.namespace, &name).await?)
-                .unwrap_or(Value::Null);
-        let token = |v: &Value| {
-            v.pointer("/metadata/annotations")
-                .and_then(|a| a.get(crate::store::DELIVERY_ANNOTATION))
-                .and_then(Value::as_str)
-                .map(str::to_string)
-        };
-        let ours = token(body);
-        if ours.is_some() && token(&existing) == ours {
-            // An earlier attempt of this very delivery landed; its answer was lost.
-            return Ok(());
-        }
-        let count = existing["count"].as_i64().unwrap_or(1) + row.occurrences;
         let patch = json!({
-            "metadata": {"annotations": {crate::store::DELIVERY_ANNOTATION: ours}},
-            "count": count,
+            "count": body["count"],
             "lastTimestamp": body["lastTimestamp"],
             "message": body["message"],
         });

@@ -50,9 +50,6 @@ impl Cloud for Arc<FakeCloud> {
     async fn create_event(&self, ns: &str, _b: Vec<u8>) -> Result<String, KubeError> {
         self.call(format!("create-event {ns}"))
     }
-    async fn get_event(&self, ns: &str, name: &str) -> Result<String, KubeError> {
-        self.call(format!("get-event {ns}/{name}"))
-    }
     async fn patch_event(&self, ns: &str, name: &str, _b: Vec<u8>) -> Result<String, KubeError> {
         self.call(format!("patch-event {ns}/{name}"))
     }
@@ -220,9 +217,10 @@ async fn statuses_collapse_and_events_count_their_series() {
         (2, 0),
         "one status, one Event with 2 occurrences"
     );
+    // The apiserver holds an Event of that name the device has no record of: 409, and a
+    // PATCH to the series' count, without reading it (a node may not).
     let cloud = Arc::new(FakeCloud::new(|what| match what {
         "create-event ns" => Err(refused(409, "already exists", None)),
-        "get-event ns/a.edgehub-backoff" => Ok(json!({"count": 3}).to_string()),
         "patch-status ns/a" => pod_answer(),
         _ => Ok("{}".into()),
     }));
@@ -233,11 +231,18 @@ async fn statuses_collapse_and_events_count_their_series() {
         [
             "patch-status ns/a",
             "create-event ns",
-            "get-event ns/a.edgehub-backoff",
             "patch-event ns/a.edgehub-backoff",
         ]
     );
     assert_eq!(st.outbox_counts().unwrap(), (0, 0));
+    // The series is the device's: the next occurrence is a PATCH alone.
+    event(&st, "a", "backoff");
+    s.drain().await.unwrap();
+    assert_eq!(
+        cloud.calls()[3..],
+        ["patch-event ns/a.edgehub-backoff"],
+        "no create, no read"
+    );
 }
 
 #[tokio::test]
@@ -379,17 +384,16 @@ impl Cloud for Arc<EventStore> {
         }
         self.answer(&v)
     }
-    async fn get_event(&self, _: &str, name: &str) -> Result<String, KubeError> {
-        Ok(self.events.lock().unwrap()[name].to_string())
-    }
     async fn patch_event(&self, _: &str, name: &str, b: Vec<u8>) -> Result<String, KubeError> {
         let p: Value = serde_json::from_slice(&b).unwrap();
         let v = {
             let mut ev = self.events.lock().unwrap();
-            let e = ev.get_mut(name).unwrap();
+            let Some(e) = ev.get_mut(name) else {
+                return Err(refused(404, "not found", None));
+            };
             e["count"] = p["count"].clone();
             e["lastTimestamp"] = p["lastTimestamp"].clone();
-            e["metadata"]["annotations"] = p["metadata"]["annotations"].clone();
+            e["message"] = p["message"].clone();
             e.clone()
         };
         self.answer(&v)
@@ -434,5 +438,100 @@ async fn an_event_whose_answer_was_lost_is_counted_once() {
         cloud.count("a.edgehub-started"),
         2,
         "two occurrences, not three"
+    );
+}
+
+#[tokio::test]
+async fn an_occurrence_queued_while_a_lost_create_waits_is_counted_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = store(&dir);
+    pod(&st, "a");
+    let cloud = Arc::new(EventStore::default());
+    let mut s = Sender::new(cloud.clone(), st.clone());
+    s.retry = BackoffPolicy {
+        initial: Duration::ZERO,
+        max: Duration::ZERO,
+    };
+    // The create lands with count 1, its answer is lost; before the retry the same Event
+    // happens again.
+    event(&st, "a", "started");
+    *cloud.lose.lock().unwrap() = 1;
+    s.drain().await.unwrap();
+    event(&st, "a", "started");
+    s.drain().await.unwrap();
+    assert_eq!(st.outbox_counts().unwrap(), (0, 0));
+    assert_eq!(
+        cloud.count("a.edgehub-started"),
+        2,
+        "two occurrences: the one that landed is not added again"
+    );
+}
+
+#[tokio::test]
+async fn an_event_the_apiserver_expired_is_created_again_with_the_whole_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = store(&dir);
+    pod(&st, "a");
+    let cloud = Arc::new(EventStore::default());
+    let mut s = Sender::new(cloud.clone(), st.clone());
+    event(&st, "a", "started");
+    s.drain().await.unwrap();
+    assert_eq!(cloud.count("a.edgehub-started"), 1);
+    // The apiserver's event TTL passes; the series goes on on the device.
+    cloud.events.lock().unwrap().clear();
+    event(&st, "a", "started");
+    s.drain().await.unwrap();
+    assert_eq!(st.outbox_counts().unwrap(), (0, 0));
+    assert_eq!(cloud.count("a.edgehub-started"), 2);
+}
+
+#[tokio::test]
+async fn the_series_of_a_pod_that_is_gone_is_forgotten() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = store(&dir);
+    pod(&st, "a");
+    pod(&st, "b");
+    let cloud = Arc::new(EventStore::default());
+    let mut s = Sender::new(cloud.clone(), st.clone());
+    event(&st, "a", "started");
+    event(&st, "b", "started");
+    s.drain().await.unwrap();
+    st.apply(
+        Kind::Pod,
+        &[Change::Delete {
+            namespace: "ns".into(),
+            name: "a".into(),
+        }],
+        None,
+    )
+    .unwrap();
+    // b's next occurrence is delivered; a's series, with nothing left to send, goes.
+    event(&st, "b", "started");
+    s.drain().await.unwrap();
+    let series = |name: &str| {
+        st.event_series(&OutboxRow {
+            id: 0,
+            kind: RowKind::Event,
+            pod_uid: format!("uid-{name}"),
+            namespace: "ns".into(),
+            name: format!("{name}.edgehub-started"),
+            dedupe: format!("event/ns/{name}.edgehub-started"),
+            body: String::new(),
+            occurrences: 1,
+            attempts: 0,
+            next_attempt_ms: 0,
+            last_error: None,
+            parked: false,
+        })
+        .unwrap()
+    };
+    assert_eq!(series("a"), None);
+    assert_eq!(
+        series("b"),
+        Some(EventSeries {
+            count: 2,
+            first_timestamp: None,
+            created: true
+        })
     );
 }

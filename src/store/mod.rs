@@ -19,7 +19,7 @@ mod sources;
 
 pub use journal::{Effects, LogLine, RunningRevision};
 pub use objects::{ApplyStats, Change, StoredObject};
-pub use outbox::{OutboxRow, QueuedEvent, QueuedStatus, RowKind, DELIVERY_ANNOTATION};
+pub use outbox::{EventSeries, OutboxRow, QueuedEvent, QueuedStatus, RowKind};
 pub use requests::{
     NewRequest, Recorded, RequestKind, RequestRecord, HISTORY_PER_POD, TERMINAL_STATES,
 };
@@ -636,9 +636,23 @@ impl Store {
 
     /// Queues a Warning Event; the same key again counts one more occurrence.
     pub fn queue_event(&self, e: &QueuedEvent, now_ms: i64) -> Result<(), StoreError> {
-        outbox::queue_event(&self.conn(), e, now_ms)?;
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        outbox::queue_event(&tx, e, now_ms)?;
+        tx.commit()?;
+        drop(conn);
         self.report_queued();
         Ok(())
+    }
+
+    /// The series of the Event `row` carries, as the device keeps it.
+    pub fn event_series(&self, row: &OutboxRow) -> Result<Option<EventSeries>, StoreError> {
+        outbox::event_series(&self.conn(), row)
+    }
+
+    /// Forgets the Event series of pods that are gone and owe nothing; returns how many.
+    pub fn prune_event_series(&self) -> Result<usize, StoreError> {
+        outbox::prune_event_series(&self.conn())
     }
 
     pub fn queued_events(&self) -> Result<Vec<QueuedEvent>, StoreError> {
@@ -667,7 +681,7 @@ impl Store {
 
     /// A row was delivered as `sent` was (what changed meanwhile stays queued).
     pub fn outbox_delivered(&self, sent: &OutboxRow) -> Result<(), StoreError> {
-        outbox::delivered(&self.conn(), sent)
+        outbox::delivered(&mut self.conn(), sent)
     }
 
     pub fn outbox_drop(&self, id: i64) -> Result<(), StoreError> {

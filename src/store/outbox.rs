@@ -5,12 +5,14 @@
 //! A row has a kind (a pod's wanted status, or an Event), the pod it is about, a dedupe key,
 //! its body, how often it was tried, when it may be tried next, and the last error. Rows are
 //! sent in order per pod. Queuing a status again replaces the pod's queued one in place (the
-//! latest wins, and keeps its place); queuing an Event again counts one more occurrence. A
+//! latest wins, and keeps its place); queuing an Event again counts one more occurrence, and
+//! the Event's series (`event_series`: its total count, its first timestamp, whether the
+//! apiserver holds it) is kept beside the queue, since a node may not read Events back. A
 //! row the apiserver refuses for good is parked: kept with its error, shown, and no longer
 //! in the way of the rows behind it.
 
 use super::StoreError;
-use rusqlite::{params, Connection, Row};
+use rusqlite::{params, Connection, OptionalExtension, Row};
 
 /// What a row carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,22 +166,17 @@ pub fn unqueue_status(
     Ok(())
 }
 
-/// The Event annotation that names one delivery of a row: a random token, new whenever the
-/// row changes. A create or patch whose answer was lost is retried; finding its own token on
-/// the Event, the sender knows the first attempt landed and does not count it twice.
-pub const DELIVERY_ANNOTATION: &str = "edgehub.io/delivery";
-
-/// Queues an Event; the same key again counts one more occurrence. Either way the body gets
-/// a fresh [`DELIVERY_ANNOTATION`].
+/// Queues an Event; the same key again counts one more occurrence, in the outbox row (what
+/// is still to deliver) and in the Event's series (its total, which is what the apiserver's
+/// `count` is set to). One transaction is the caller's: both or neither.
 pub fn queue_event(conn: &Connection, e: &QueuedEvent, now_ms: i64) -> Result<(), StoreError> {
     let name = e.key.rsplit('/').next().unwrap_or_default();
+    let occurrences = e.occurrences.max(1);
     conn.prepare_cached(
-        "INSERT INTO outbox (kind, pod_uid, namespace, name, dedupe, body, queued_ms)
-         VALUES ('event', ?1, ?2, ?3, ?4,
-                 json_set(?5, '$.metadata.annotations.\"edgehub.io/delivery\"', lower(hex(randomblob(8)))),
-                 ?6)
+        "INSERT INTO outbox (kind, pod_uid, namespace, name, dedupe, body, occurrences, queued_ms)
+         VALUES ('event', ?1, ?2, ?3, ?4, ?5, ?6, ?7)
          ON CONFLICT (dedupe) DO UPDATE SET body = excluded.body,
-             occurrences = occurrences + 1, parked = 0, next_attempt_ms = 0",
+             occurrences = occurrences + excluded.occurrences, parked = 0, next_attempt_ms = 0",
     )?
     .execute(params![
         e.pod_uid,
@@ -187,9 +184,57 @@ pub fn queue_event(conn: &Connection, e: &QueuedEvent, now_ms: i64) -> Result<()
         name,
         event_key(&e.key),
         e.body,
+        occurrences,
         now_ms
     ])?;
+    conn.prepare_cached(
+        "INSERT INTO event_series (key, pod_uid, count, first_timestamp)
+         VALUES (?1, ?2, ?3, json_extract(?4, '$.firstTimestamp'))
+         ON CONFLICT (key) DO UPDATE SET count = count + excluded.count",
+    )?
+    .execute(params![e.key, e.pod_uid, occurrences, e.body])?;
     Ok(())
+}
+
+/// An Event series as the device keeps it: a node may not read Events, so this is the only
+/// record of what the apiserver holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventSeries {
+    /// Every occurrence queued so far: the `count` the Event is given.
+    pub count: i64,
+    /// When the series began, for a create.
+    pub first_timestamp: Option<String>,
+    /// A create or patch of it succeeded: the next occurrence is a PATCH.
+    pub created: bool,
+}
+
+/// The series of the Event an outbox row carries (`None` for a row that is not an Event).
+pub fn event_series(conn: &Connection, row: &OutboxRow) -> Result<Option<EventSeries>, StoreError> {
+    let Some(key) = row.dedupe.strip_prefix("event/") else {
+        return Ok(None);
+    };
+    Ok(conn
+        .prepare_cached("SELECT count, first_timestamp, created FROM event_series WHERE key = ?1")?
+        .query_row(params![key], |r| {
+            Ok(EventSeries {
+                count: r.get(0)?,
+                first_timestamp: r.get(1)?,
+                created: r.get(2)?,
+            })
+        })
+        .optional()?)
+}
+
+/// Forgets the series of pods no longer cached that have nothing left to send: their Events
+/// will not happen again (a pod's uid is never reused).
+pub fn prune_event_series(conn: &Connection) -> Result<usize, StoreError> {
+    Ok(conn
+        .prepare_cached(
+            "DELETE FROM event_series WHERE
+                 NOT EXISTS (SELECT 1 FROM objects WHERE kind = 'Pod' AND uid = event_series.pod_uid)
+                 AND NOT EXISTS (SELECT 1 FROM outbox WHERE dedupe = 'event/' || event_series.key)",
+        )?
+        .execute([])?)
 }
 
 /// The queued Events that are not parked, oldest first.
@@ -239,23 +284,32 @@ pub fn parked(conn: &Connection) -> Result<Vec<OutboxRow>, StoreError> {
 }
 
 /// A row was delivered as `sent` was: removed, unless it changed meanwhile (a newer status,
-/// more occurrences of the Event), which stays queued (only the occurrences delivered go).
-pub fn delivered(conn: &Connection, sent: &OutboxRow) -> Result<(), StoreError> {
+/// more occurrences of the Event), which stays queued (only the occurrences delivered go). An
+/// Event's series is marked as held by the apiserver. One transaction.
+pub fn delivered(conn: &mut Connection, sent: &OutboxRow) -> Result<(), StoreError> {
+    let tx = conn.transaction()?;
     match sent.kind {
         RowKind::Status => {
-            conn.prepare_cached("DELETE FROM outbox WHERE id = ?1 AND body = ?2")?
+            tx.prepare_cached("DELETE FROM outbox WHERE id = ?1 AND body = ?2")?
                 .execute(params![sent.id, sent.body])?;
         }
         RowKind::Event => {
-            conn.prepare_cached("DELETE FROM outbox WHERE id = ?1 AND occurrences <= ?2")?
+            tx.prepare_cached("DELETE FROM outbox WHERE id = ?1 AND occurrences <= ?2")?
                 .execute(params![sent.id, sent.occurrences])?;
-            conn.prepare_cached(
+            tx.prepare_cached(
                 "UPDATE outbox SET occurrences = occurrences - ?2, attempts = 0, last_error = NULL
                  WHERE id = ?1 AND occurrences > ?2",
             )?
             .execute(params![sent.id, sent.occurrences])?;
+            if let Some(key) = sent.dedupe.strip_prefix("event/") {
+                tx.prepare_cached(
+                    "UPDATE event_series SET created = 1 WHERE key = ?1 AND created = 0",
+                )?
+                .execute(params![key])?;
+            }
         }
     }
+    tx.commit()?;
     Ok(())
 }
 

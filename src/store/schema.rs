@@ -188,6 +188,26 @@ const MIGRATIONS: &[&str] = &[
     CREATE UNIQUE INDEX requests_by_uid ON requests (uid);
     ALTER TABLE requests ADD COLUMN clock_boot TEXT;
     ALTER TABLE requests ADD COLUMN waiting TEXT;",
+    // 10 -> 11: an Event series lives on the device. A node may create and patch Events but
+    // never read them (403 on GET and LIST), so the count a PATCH sets, the first timestamp
+    // and whether the apiserver holds the Event are kept here, one row per Event name, and a
+    // row's count is the series' total: sending it twice cannot count twice. Queued Events
+    // start their series from what they have; the delivery tokens that were matched against
+    // a GET go.
+    // (IF NOT EXISTS and OR IGNORE: tests that take a file back to an older version leave
+    // the table in place.)
+    "CREATE TABLE IF NOT EXISTS event_series (
+        key              TEXT PRIMARY KEY NOT NULL,
+        pod_uid          TEXT NOT NULL,
+        count            INTEGER NOT NULL,
+        first_timestamp  TEXT,
+        created          INTEGER NOT NULL DEFAULT 0
+    ) WITHOUT ROWID;
+    INSERT OR IGNORE INTO event_series (key, pod_uid, count, first_timestamp)
+        SELECT substr(dedupe, 7), pod_uid, occurrences, json_extract(body, '$.firstTimestamp')
+        FROM outbox WHERE kind = 'event';
+    UPDATE outbox SET body = json_remove(body, '$.metadata.annotations.\"edgehub.io/delivery\"')
+        WHERE kind = 'event';",
 ];
 
 /// The schema version this binary writes.

@@ -744,3 +744,36 @@ fn objects_come_a_chunk_at_a_time_in_list_order() {
     s.for_each_chunk(Kind::Node, 2, |_| calls += 1).unwrap();
     assert_eq!(calls, 0, "nothing cached, nothing handed over");
 }
+
+#[test]
+fn queued_events_start_their_series_when_the_file_is_migrated() {
+    let (_d, path) = db();
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    {
+        let s = Store::open(&path, OpenMode::Normal).unwrap();
+        let c = s.conn();
+        // Back to version 9: no series; an Event queued twice, with the delivery token the
+        // sender used to match against a GET.
+        c.execute_batch(
+            "DROP TABLE event_series;
+             INSERT INTO outbox (kind, pod_uid, namespace, name, dedupe, body, occurrences, queued_ms)
+             VALUES ('event', 'u1', 'ns', 'p.edgehub-upgradestarted', 'event/ns/p.edgehub-upgradestarted',
+                 '{\"metadata\":{\"name\":\"p.edgehub-upgradestarted\",\"annotations\":{\"edgehub.io/delivery\":\"ab12\"}},\"firstTimestamp\":\"t0\"}',
+                 2, 1);
+             PRAGMA user_version = 9;",
+        )
+        .unwrap();
+    }
+    let s = Store::open(&path, OpenMode::Normal).unwrap();
+    assert_eq!(schema::user_version(&s.conn()).unwrap(), schema::LATEST);
+    let row = s.outbox().unwrap().remove(0);
+    assert!(!row.body.contains("edgehub.io/delivery"), "{}", row.body);
+    assert_eq!(
+        s.event_series(&row).unwrap(),
+        Some(EventSeries {
+            count: 2,
+            first_timestamp: Some("t0".into()),
+            created: false
+        })
+    );
+}

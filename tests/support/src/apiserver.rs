@@ -10,7 +10,8 @@
 //! Fault knobs: [`FakeApiServer::fail_next`] (500, 429 with Retry-After, ...),
 //! [`FakeApiServer::cut_next_watch_events`] (a stream cut in the middle of an event),
 //! [`FakeApiServer::corrupt_next_watch_events`] (a malformed line), [`FakeApiServer::stall`],
-//! and [`FakeApiServer::set_offline`] (connections refused, open ones dropped).
+//! [`FakeApiServer::lose_next_answers`] (a write lands, its answer never leaves), and
+//! [`FakeApiServer::set_offline`] (connections refused, open ones dropped).
 
 use crate::certs::TestPki;
 use crate::patch::{merge_patch, strategic_merge_patch};
@@ -21,7 +22,6 @@ use hyper::body::{Frame, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -144,6 +144,16 @@ pub struct Failure {
     pub uri_contains: Vec<String>,
 }
 
+/// A request that is carried out but whose answer never leaves: the connection is closed
+/// instead, as when the link drops between the apiserver's commit and its answer.
+#[derive(Debug, Clone)]
+struct LostAnswer {
+    method: String,
+    uri_contains: Vec<String>,
+    /// Stall the server too, from that moment: the link stays down after the loss.
+    then_stall: bool,
+}
+
 /// One request as the fake saw it.
 #[derive(Debug, Clone)]
 pub struct LoggedRequest {
@@ -156,6 +166,8 @@ pub struct LoggedRequest {
     pub query: BTreeMap<String, String>,
     pub user: Option<String>,
     pub status: u16,
+    /// The request was carried out and its answer lost ([`FakeApiServer::lose_next_answers`]).
+    pub answer_lost: bool,
     /// When the request arrived.
     pub at: std::time::Instant,
 }
@@ -202,6 +214,7 @@ struct Db {
 #[derive(Default)]
 struct Faults {
     fail_next: VecDeque<Failure>,
+    lose_answers: VecDeque<LostAnswer>,
     cut_watch_events: usize,
     corrupt_watch_events: usize,
 }
@@ -321,7 +334,8 @@ impl FakeApiServer {
                     let svc = hyper::service::service_fn(move |req| {
                         let st = st.clone();
                         let cu = cert_user.clone();
-                        async move { Ok::<_, Infallible>(handle(st, cu, req).await) }
+                        // An error closes the connection without an answer.
+                        async move { handle(st, cu, req).await }
                     });
                     let conn = hyper::server::conn::http1::Builder::new()
                         .serve_connection(hyper_util::rt::TokioIo::new(tls), svc);
@@ -530,6 +544,31 @@ impl FakeApiServer {
                 status,
                 retry_after,
                 uri_contains: uri_contains.iter().map(|s| s.to_string()).collect(),
+            });
+        }
+    }
+
+    /// The next `n` requests with this method whose path and query contain every string of
+    /// `uri_contains` are carried out (committed, watchers told) but get no answer: their
+    /// connection is closed instead, as when the link drops after the apiserver's commit.
+    pub fn lose_next_answers(&self, n: usize, method: &str, uri_contains: &[&str]) {
+        self.lose_answers(n, method, uri_contains, false)
+    }
+
+    /// As [`Self::lose_next_answers`], once, and the server stalls from that moment (see
+    /// [`Self::stall`]): the link stays down right after the write landed, before any watch
+    /// could tell of it.
+    pub fn lose_next_answer_and_stall(&self, method: &str, uri_contains: &[&str]) {
+        self.lose_answers(1, method, uri_contains, true)
+    }
+
+    fn lose_answers(&self, n: usize, method: &str, uri_contains: &[&str], then_stall: bool) {
+        let mut f = lock(&self.state.faults);
+        for _ in 0..n {
+            f.lose_answers.push_back(LostAnswer {
+                method: method.to_string(),
+                uri_contains: uri_contains.iter().map(|s| s.to_string()).collect(),
+                then_stall,
             });
         }
     }
@@ -996,11 +1035,23 @@ fn status(code: u16, reason: &str, message: &str, details: Option<Value>) -> Res
     json_response(code, &status_body(code, reason, message, details))
 }
 
+/// What a handler returns to close its connection instead of answering.
+#[derive(Debug)]
+struct AnswerLost;
+
+impl std::fmt::Display for AnswerLost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the answer was lost (injected)")
+    }
+}
+
+impl std::error::Error for AnswerLost {}
+
 async fn handle(
     state: Arc<State>,
     cert_user: Option<String>,
     req: Request<Incoming>,
-) -> Response<Body> {
+) -> Result<Response<Body>, AnswerLost> {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let uri = req.uri().to_string();
@@ -1049,6 +1100,13 @@ async fn handle(
         ),
         None => ("unknown", String::new()),
     };
+    let lost = {
+        let mut f = lock(&state.faults);
+        let pos = f.lose_answers.iter().position(|l| {
+            l.method == method.as_str() && l.uri_contains.iter().all(|p| uri.contains(p.as_str()))
+        });
+        pos.and_then(|i| f.lose_answers.remove(i))
+    };
     lock(&state.log).push(LoggedRequest {
         verb,
         resource,
@@ -1057,9 +1115,18 @@ async fn handle(
         query,
         user,
         status: resp.status().as_u16(),
+        answer_lost: lost.is_some(),
         at,
     });
-    resp
+    match lost {
+        Some(l) => {
+            if l.then_stall {
+                state.stalled.store(true, Ordering::SeqCst);
+            }
+            Err(AnswerLost)
+        }
+        None => Ok(resp),
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1257,6 +1324,14 @@ fn authorize(
         "daemonsets" | "controllerrevisions" => {
             let read = matches!(v, "get" | "list" | "watch");
             if !read || !state.rbac_edgehub.load(Ordering::SeqCst) {
+                return Some(forbidden(user, v, route, ""));
+            }
+        }
+        "events" => {
+            // A node may create and patch Events but never read them, not even its own
+            // (fixtures `event_get_forbidden_as_node`, `events_list_forbidden_as_node`): an
+            // Event series lives in its sender's own records.
+            if matches!(v, "get" | "list" | "watch") {
                 return Some(forbidden(user, v, route, ""));
             }
         }
