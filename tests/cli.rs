@@ -546,6 +546,22 @@ async fn a_restart_with_the_apiserver_unreachable_brings_the_pods_back() {
     }
 }
 
+/// The lines a child writes to stderr, read on a thread so a test can wait with a deadline
+/// (and the pipe never fills).
+fn stderr_lines(child: &mut Child) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let err = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(err).lines() {
+            let Ok(line) = line else { return };
+            // The test may stop listening; keep draining so the child never blocks.
+            let _ = tx.send(line);
+        }
+    });
+    rx
+}
+
 /// Polls an async condition every 200 ms, or panics after `secs`.
 async fn wait_for<F, Fut>(secs: u64, what: &str, mut f: F)
 where
@@ -647,8 +663,30 @@ async fn an_empty_cache_offline_stops_nothing_and_the_list_adopts_what_it_confir
                 vec![]
             }
         };
-        let mut child = env.spawn_run(&args);
-        tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+        // The proof that the runtime left them alone: two of its passes in a row count both
+        // sandboxes as kept for want of a pod list. A pass that started stopping them would
+        // hold them (a held pod is not counted) or, once done, find them gone, so the second
+        // line cannot come after a stop.
+        let mut run_args = vec!["--log", "info,edgehub::runtime=debug", "run"];
+        run_args.extend_from_slice(&args);
+        let mut child = env
+            .cmd(&run_args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines = stderr_lines(&mut child);
+        let mut kept = 0;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while kept < 2 {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let line = lines
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("{variant}: two runtime passes that keep both pods"));
+            if line.contains("reconciled") && line.contains("kept_unsynced: 2") {
+                kept += 1;
+            }
+        }
         assert_eq!(
             running("keep").await,
             keep,

@@ -330,28 +330,30 @@ async fn bookmarks_and_no_op_events_write_nothing() {
     h.server.set_bookmark_interval(Duration::from_millis(50));
     h.start();
     h.wait_converged().await;
-    // Let the first bookmarks pass, then measure the WAL over many more.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let events = |key: &str| {
+        h.sync()
+            .stats_for(key)
+            .unwrap()
+            .events
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    // Let every reflector see its first bookmark (after the list, nothing else comes), then
+    // measure the WAL over many more.
+    let keys: Vec<String> = h.sync().stats.iter().map(|(k, _)| k.clone()).collect();
+    let settled: Vec<u64> = keys.iter().map(|k| events(k)).collect();
+    wait_until(10, "every reflector got a bookmark", || {
+        keys.iter().zip(&settled).all(|(k, n)| events(k) > *n)
+    })
+    .await;
     let wal = h.db_path().with_extension("db-wal");
     let size = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
     let before = (size(&wal), size(&h.db_path()));
-    let events_before = h
-        .sync()
-        .stats_for("pods")
-        .unwrap()
-        .events
-        .load(std::sync::atomic::Ordering::Relaxed);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let events_after = h
-        .sync()
-        .stats_for("pods")
-        .unwrap()
-        .events
-        .load(std::sync::atomic::Ordering::Relaxed);
-    assert!(
-        events_after >= events_before + 10,
-        "bookmarks arrived ({events_before} -> {events_after})"
-    );
+    let events_before = events("pods");
+    // The proof that bookmarks came and went: ten more of them on the pods watch.
+    wait_until(10, "ten more bookmarks on the pods watch", || {
+        events("pods") >= events_before + 10
+    })
+    .await;
     assert_eq!(
         (size(&wal), size(&h.db_path())),
         before,
@@ -419,7 +421,12 @@ async fn shutdown_does_not_wait_for_a_hanging_apiserver() {
     let mut h = Harness::new().await;
     h.server.stall(true);
     h.start();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Every reflector's list is at the server, hanging.
+    let reflectors = h.sync().stats.len() as u64;
+    wait_until(10, "every reflector's list hangs at the server", || {
+        h.server.held_requests() >= reflectors
+    })
+    .await;
     let t = std::time::Instant::now();
     h.stop().await;
     // The request timeout is 3 s in the test config; stopping must not sit it out.

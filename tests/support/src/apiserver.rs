@@ -211,6 +211,8 @@ struct State {
     rv_tx: watch::Sender<u64>,
     faults: Mutex<Faults>,
     stalled: AtomicBool,
+    /// Requests the stall is holding right now, so a test can wait until one hangs.
+    held: AtomicU64,
     log: Mutex<Vec<LoggedRequest>>,
     tokens: Mutex<HashMap<String, String>>,
     certs: Mutex<HashMap<Vec<u8>, String>>,
@@ -270,6 +272,7 @@ impl FakeApiServer {
             rv_tx,
             faults: Mutex::new(Faults::default()),
             stalled: AtomicBool::new(false),
+            held: AtomicU64::new(0),
             log: Mutex::new(Vec::new()),
             tokens: Mutex::new(HashMap::from([
                 (NODE_TOKEN.to_string(), NODE_USER.to_string()),
@@ -547,6 +550,11 @@ impl FakeApiServer {
     /// While stalled, requests get no answer and watches send nothing.
     pub fn stall(&self, on: bool) {
         self.state.stalled.store(on, Ordering::SeqCst);
+    }
+
+    /// Requests that arrived while stalled and are waiting for their answer.
+    pub fn held_requests(&self) -> u64 {
+        self.state.held.load(Ordering::SeqCst)
     }
 
     /// Offline: the port refuses connections and open ones are dropped. Online: listen again
@@ -1024,8 +1032,19 @@ async fn handle(
         Err(_) => Bytes::new(),
     };
 
-    while state.stalled.load(Ordering::SeqCst) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    if state.stalled.load(Ordering::SeqCst) {
+        // Counted down on drop too: a client that gives up drops this future mid-wait.
+        struct Held<'a>(&'a AtomicU64);
+        impl Drop for Held<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        state.held.fetch_add(1, Ordering::SeqCst);
+        let _held = Held(&state.held);
+        while state.stalled.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     let resp = route(
