@@ -146,6 +146,149 @@ fn invalid_config_names_the_field() {
     assert!(out.contains("/nonexistent/edgehub.toml"), "{out}");
 }
 
+/// Waits up to `secs` for a child to exit; a child still running then is killed and reported.
+fn exit_within(mut child: Child, secs: u64, what: &str) -> (std::process::ExitStatus, String) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                std::io::Read::read_to_string(&mut e, &mut err).unwrap();
+            }
+            return (status, err);
+        }
+        if std::time::Instant::now() > deadline {
+            kill9(&mut child);
+            panic!("{what}: still running after {secs}s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+#[tokio::test]
+async fn out_of_range_numbers_and_mistyped_log_filters_are_refused_at_start() {
+    let env = Env::new().await;
+    let text = std::fs::read_to_string(&env.config).unwrap();
+    // 2^44 MiB: shifted to bytes it wrapped to 0, a reserve of nothing, and check-config said
+    // OK.
+    std::fs::write(
+        &env.config,
+        format!("{text}[node]\nmemory_reserve_mib = 17592186044416\n"),
+    )
+    .unwrap();
+    let (ok, out) = output(env.cmd(&["check-config"]));
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("config field `node.memory_reserve_mib`: must be between 0 and 1048576"),
+        "{out}"
+    );
+    std::fs::write(&env.config, &text).unwrap();
+
+    // A mistyped filter parses as a target and silences everything, errors included: `run`
+    // refuses it at once instead of running mute.
+    for (how, filter) in [
+        ("--log", "warning"),
+        ("--log", "verbose"),
+        ("--log", "info "),
+        ("EDGEHUB_LOG", ""),
+    ] {
+        let mut c = if how == "--log" {
+            env.cmd(&["--log", filter, "run"])
+        } else {
+            let mut c = env.cmd(&["run"]);
+            c.env("EDGEHUB_LOG", filter);
+            c
+        };
+        let child = c
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (status, err) = exit_within(child, 20, &format!("run with {how} {filter:?}"));
+        assert!(!status.success(), "{how} {filter:?}: {err}");
+        assert!(
+            err.contains("config field `log`"),
+            "{how} {filter:?}: {err}"
+        );
+    }
+    let child = env
+        .cmd(&["--log", "warning", "controller", "--no-leader-elect"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (status, err) = exit_within(child, 20, "controller with --log warning");
+    assert!(
+        !status.success() && err.contains("is not a log level"),
+        "{err}"
+    );
+}
+
+// Multi-threaded: the test blocks reading edgehub's stderr while the fake apiserver serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_is_caught_and_edgehub_keeps_running() {
+    let env = Env::new().await;
+    let port = common::free_port();
+    let mut child = env
+        .cmd(&["--api-addr", &format!("127.0.0.1:{port}"), "run"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = stderr_lines(&mut child);
+    let wait_line = |child: &mut Child, what: &str| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let mut seen = Vec::new();
+        loop {
+            if let Ok(line) = lines.recv_timeout(std::time::Duration::from_millis(100)) {
+                if line.contains(what) {
+                    return line;
+                }
+                seen.push(line);
+                continue;
+            }
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("edgehub ended ({status:?}) before logging {what:?}: {seen:#?}");
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no {what:?} line: {seen:#?}"
+            );
+        }
+    };
+    wait_line(&mut child, "local API serving");
+    let pid = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-HUP", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let line = wait_line(&mut child, "SIGHUP");
+    assert!(line.contains("keeps running"), "{line}");
+    assert!(child.try_wait().unwrap().is_none(), "still running");
+    let client = edgehub::local_client::LocalClient {
+        addr: format!("127.0.0.1:{port}").parse().unwrap(),
+        token: None,
+        timeout: std::time::Duration::from_secs(5),
+    };
+    let health = tokio::task::spawn_blocking(move || client.get("/v1/healthz").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(health.status, 200, "the API still answers");
+    // It still stops cleanly on SIGTERM.
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    wait_line(&mut child, "stopped");
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "exit status {status:?}");
+}
+
 #[test]
 fn missing_kubeconfig_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
@@ -582,7 +725,8 @@ where
 /// aside, and with a new data dir, all offline, the pods edgehub runs keep running (same
 /// containers). When the link returns, the pods the list confirms are adopted as they run and
 /// the one it does not have is removed.
-#[tokio::test]
+// Multi-threaded: the test blocks reading edgehub's stderr while the fake apiserver serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_empty_cache_offline_stops_nothing_and_the_list_adopts_what_it_confirms() {
     use edgehub::cri::{api, labels, CriClient, CriRuntime};
     use std::collections::HashMap;
