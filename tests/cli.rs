@@ -387,6 +387,32 @@ async fn a_corrupt_database_is_refused_untouched_until_reset_cache() {
 }
 
 #[tokio::test]
+async fn a_schema_version_that_does_not_match_the_tables_is_named_and_reset_cache_recovers() {
+    let env = Env::new().await;
+    {
+        let store = Store::open(&env.db(), OpenMode::Normal).unwrap();
+        drop(store);
+        let conn = rusqlite::Connection::open(env.db()).unwrap();
+        conn.pragma_update(None, "user_version", 5).unwrap();
+    }
+    let out = env.spawn_run(&[]).wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&env.db().display().to_string())
+            && err.contains("do not match its schema version 5")
+            && err.contains("--reset-cache"),
+        "{err}"
+    );
+    let mut child = env.spawn_run(&["--reset-cache"]);
+    wait_until(20, "the reset cache is rebuilt from the apiserver", || {
+        env.pods_in_db() == 2
+    })
+    .await;
+    kill9(&mut child);
+}
+
+#[tokio::test]
 async fn a_second_edgehub_on_the_same_data_dir_is_refused() {
     let env = Env::new().await;
     let mut first = env.spawn_run(&[]);

@@ -780,8 +780,27 @@ fn check_and_open(path: &Path) -> Result<Connection, StoreError> {
     // the OS page cache, a few microseconds a page.
     conn.execute_batch("PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON; PRAGMA cache_size=-64;")
         .map_err(|e| classify(path, e))?;
-    schema::migrate(&mut conn).map_err(|e| classify(path, e))?;
-    Ok(conn)
+    if let Err(e) = schema::migrate(&mut conn) {
+        // A plain SQL error (duplicate column, no such table) means the tables are not what
+        // the file's user_version says: say so, name the file, and let --reset-cache move it
+        // aside, rather than "database: duplicate column name" with nothing to act on.
+        return Err(match e.source.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::Unknown) => corrupt(format!(
+                "its tables do not match its schema version {}: migrating it to version {} failed: {}",
+                e.from,
+                e.from + 1,
+                e.source
+            )),
+            _ => classify(path, e.source),
+        });
+    }
+    match schema::verify(&conn).map_err(|e| classify(path, e))? {
+        Ok(()) => Ok(conn),
+        Err(diff) => Err(corrupt(format!(
+            "its tables do not match its schema version {version}: {diff}",
+            version = schema::LATEST
+        ))),
+    }
 }
 
 fn read_up_to(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {

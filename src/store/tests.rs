@@ -128,6 +128,55 @@ fn newer_schema_is_refused() {
 }
 
 #[test]
+fn a_user_version_that_does_not_match_the_tables_is_named_and_reset_recovers() {
+    let (_d, path) = db();
+    {
+        let s = Store::open(&path, OpenMode::Normal).unwrap();
+        s.replace_all(Kind::Pod, None, &[pod("a", "1")], ("pods", "10"))
+            .unwrap();
+        // The tables are at the latest version; the version says 5 (set by hand, or a file
+        // restored from another build): migrating 5 -> 6 adds columns that exist.
+        s.conn().pragma_update(None, "user_version", 5).unwrap();
+    }
+    let before = std::fs::read(&path).unwrap();
+    let err = Store::open(&path, OpenMode::Normal).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{msg}");
+    assert!(
+        msg.contains(&path.display().to_string())
+            && msg.contains("do not match its schema version 5")
+            && msg.contains("duplicate column name")
+            && msg.contains("--reset-cache"),
+        "{msg}"
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), before, "left untouched");
+    let s = Store::open(&path, OpenMode::ResetCache).unwrap();
+    assert_eq!(s.count(Kind::Pod).unwrap(), 0);
+    assert_eq!(schema::user_version(&s.conn()).unwrap(), schema::LATEST);
+    drop(s);
+    assert!(
+        std::fs::read_dir(path.parent().unwrap())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .any(|e| e.file_name().to_string_lossy().contains(".bad-")),
+        "the mismatched file was moved aside"
+    );
+
+    // The latest version with a table missing would fail later, mid-sync, with "no such
+    // table": it is refused at open.
+    {
+        let s = Store::open(&path, OpenMode::Normal).unwrap();
+        s.conn().execute_batch("DROP TABLE request_log").unwrap();
+    }
+    let err = Store::open(&path, OpenMode::Normal).unwrap_err();
+    assert!(
+        matches!(err, StoreError::Corrupt { .. })
+            && err.to_string().contains("table request_log is missing"),
+        "{err}"
+    );
+}
+
+#[test]
 fn reset_cache_moves_a_corrupt_file_aside() {
     let (_d, path) = db();
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
