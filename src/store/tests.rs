@@ -60,6 +60,39 @@ fn second_open_is_locked() {
 }
 
 #[test]
+fn deleting_lock_files_does_not_let_a_second_store_in() {
+    let (_d, path) = db();
+    let _s = Store::open(&path, OpenMode::Normal).unwrap();
+    // What a person does on "locked by another process": delete whatever looks like a lock.
+    for e in std::fs::read_dir(path.parent().unwrap()).unwrap() {
+        let e = e.unwrap();
+        if e.file_name().to_string_lossy().ends_with(".lock") {
+            std::fs::remove_file(e.path()).unwrap();
+        }
+    }
+    let err = Store::open(&path, OpenMode::Normal).unwrap_err();
+    assert!(matches!(err, StoreError::Locked { .. }), "{err}");
+    // Another database file in the same data dir is refused too: the pods directory there is
+    // one edgehub's.
+    let err = Store::open(&path.with_file_name("other.db"), OpenMode::Normal).unwrap_err();
+    assert!(matches!(err, StoreError::Locked { .. }), "{err}");
+}
+
+#[test]
+fn an_old_lock_file_is_honoured_while_held_and_removed_when_not() {
+    let (_d, path) = db();
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let legacy = path.with_file_name("edgehub.db.lock");
+    let old = File::create(&legacy).unwrap();
+    old.lock().unwrap();
+    let err = Store::open(&path, OpenMode::Normal).unwrap_err();
+    assert!(matches!(err, StoreError::Locked { .. }), "{err}");
+    drop(old);
+    let _s = Store::open(&path, OpenMode::Normal).unwrap();
+    assert!(!legacy.exists(), "the unheld old lock file is removed");
+}
+
+#[test]
 fn garbage_file_is_corrupt_and_untouched() {
     let (_d, path) = db();
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
