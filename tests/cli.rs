@@ -340,6 +340,11 @@ async fn run_fills_the_database_and_resumes_after_sigkill_without_a_relist() {
         .server
         .count(|r| r.is_list_of("pods") && r.status == 200);
     assert_eq!(full_lists, 1);
+    assert_eq!(
+        env.server.count(|r| r.is_version_check_of("pods")),
+        0,
+        "the first run's watch followed its own list: nothing to check"
+    );
 
     // While it is dead, a pod is deleted in the cloud.
     env.server.remove("pods", "vehicle", "gateway-v9hb2");
@@ -354,6 +359,12 @@ async fn run_fills_the_database_and_resumes_after_sigkill_without_a_relist() {
             .count(|r| r.is_list_of("pods") && r.status == 200),
         1,
         "the server logs no second full list"
+    );
+    assert_eq!(
+        env.server
+            .count(|r| r.is_version_check_of("pods") && r.status == 200),
+        1,
+        "the resumed cursor was checked once"
     );
     let store = Store::open(&env.db(), OpenMode::Normal).unwrap();
     assert_eq!(store.count(Kind::DaemonSet).unwrap(), 2);
