@@ -30,6 +30,20 @@ pub struct Config {
     pub node: NodeConfig,
     pub upgrade: crate::upgrade::UpgradeConfig,
     pub report: ReportConfig,
+    pub logs: LogsConfig,
+}
+
+/// Container log rotation (`[logs]`), the kubelet's container log manager's knobs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogsConfig {
+    /// A container's log is rotated once it is this large (the kubelet's
+    /// `containerLogMaxSize`).
+    pub max_size_bytes: u64,
+    /// Files kept per container attempt, the one being written included (the kubelet's
+    /// `containerLogMaxFiles`).
+    pub max_files: usize,
+    /// How often the logs' sizes are checked (`containerLogMonitorInterval`).
+    pub monitor_interval: Duration,
 }
 
 /// How reports reach the cloud when the link returns (`[report]`).
@@ -157,6 +171,16 @@ struct FileConfig {
     upgrade: FileUpgrade,
     #[serde(default)]
     report: FileReport,
+    #[serde(default)]
+    logs: FileLogs,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileLogs {
+    max_size_kib: Option<u64>,
+    max_files: Option<u64>,
+    monitor_interval_secs: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -334,8 +358,7 @@ impl Config {
             .unwrap_or_else(|| PathBuf::from(DEFAULT_CRI_SOCKET));
         absolute("cri_socket", &cri_socket)?;
         let log = pick(flags.log.clone(), "EDGEHUB_LOG", file.log).unwrap_or_else(|| "info".into());
-        tracing_subscriber::EnvFilter::try_new(&log)
-            .map_err(|e| invalid("log", format!("{log:?} is not a valid log filter: {e}")))?;
+        check_log_filter(&log).map_err(|r| invalid("log", r))?;
 
         let s = file.sync;
         let watch_namespaces = s.watch_namespaces.unwrap_or_default();
@@ -344,14 +367,7 @@ impl Config {
                 .map_err(|r| invalid("sync.watch_namespaces", format!("{ns:?}: {r}")))?;
         }
         let secs = |field: &str, v: Option<u64>, default: u64, max: u64| {
-            let v = v.unwrap_or(default);
-            if v == 0 || v > max {
-                return Err(invalid(
-                    field,
-                    format!("must be between 1 and {max} (got {v})"),
-                ));
-            }
-            Ok(v)
+            between(field, v, default, 1, max)
         };
         let sync = SyncConfig {
             watch_namespaces,
@@ -488,7 +504,13 @@ impl Config {
                     3_600,
                 )?),
             },
-            min_ready_floor: Duration::from_secs(u.min_ready_floor_secs.unwrap_or(2).min(3_600)),
+            min_ready_floor: Duration::from_secs(between(
+                "upgrade.min_ready_floor_secs",
+                u.min_ready_floor_secs,
+                2,
+                0,
+                3_600,
+            )?),
             prepull: u.prepull.unwrap_or(true),
             ..Default::default()
         };
@@ -510,13 +532,35 @@ impl Config {
                 600,
                 86_400,
             )?),
-            reconnect_jitter: Duration::from_secs(r.reconnect_jitter_secs.unwrap_or(30).min(3_600)),
-            max_rate: r.max_rate.unwrap_or(20),
+            reconnect_jitter: Duration::from_secs(between(
+                "report.reconnect_jitter_secs",
+                r.reconnect_jitter_secs,
+                30,
+                0,
+                3_600,
+            )?),
+            max_rate: between("report.max_rate", r.max_rate.map(u64::from), 20, 0, 10_000)? as u32,
             retry_max: Duration::from_secs(secs(
                 "report.retry_max_secs",
                 r.retry_max_secs,
                 300,
                 86_400,
+            )?),
+        };
+        let l = file.logs;
+        let logs = LogsConfig {
+            // The kubelet's defaults: 10 MiB, 5 files, every 10 s. At least 16 KiB: containerd
+            // writes a long line in 16 KiB records, so anything smaller rotates on every line.
+            max_size_bytes: between("logs.max_size_kib", l.max_size_kib, 10 << 10, 16, 4 << 20)?
+                << 10,
+            // The kubelet refuses fewer than 2: the file being written and one rotated.
+            max_files: between("logs.max_files", l.max_files, 5, 2, 100)? as usize,
+            monitor_interval: Duration::from_secs(between(
+                "logs.monitor_interval_secs",
+                l.monitor_interval_secs,
+                10,
+                1,
+                3_600,
             )?),
         };
         Ok(Config {
@@ -531,8 +575,74 @@ impl Config {
             node,
             upgrade,
             report,
+            logs,
         })
     }
+}
+
+/// A numeric setting: `default` when unset, else it must lie in `min..=max`. Every numeric
+/// field goes through here, so a value out of range is an error naming the field, never
+/// clamped or wrapped without a word.
+fn between(
+    field: &str,
+    v: Option<u64>,
+    default: u64,
+    min: u64,
+    max: u64,
+) -> Result<u64, ConfigError> {
+    let v = v.unwrap_or(default);
+    if !(min..=max).contains(&v) {
+        return Err(invalid(
+            field,
+            format!("must be between {min} and {max} (got {v})"),
+        ));
+    }
+    Ok(v)
+}
+
+/// Checks a `tracing` filter before it is used. `EnvFilter` reads any bare word as a target
+/// to enable, so a mistyped level (`warning`, `verbose`), a level with a space (`"info "`) or
+/// an empty filter parses, matches nothing edgehub logs, and silences every line, errors
+/// included. A directive here is a level (`info`, `warn`, ...), or `TARGET=LEVEL`.
+pub fn check_log_filter(filter: &str) -> Result<(), String> {
+    use std::str::FromStr;
+    use tracing_subscriber::filter::LevelFilter;
+    const HINT: &str = "use a level (error, warn, info, debug, trace, off) or TARGET=LEVEL directives, e.g. \"info,edgehub::sync=debug\"";
+    if filter.trim().is_empty() {
+        return Err(format!(
+            "the log filter is empty, which would silence every line, errors included; {HINT}"
+        ));
+    }
+    let level = |l: &str| !l.is_empty() && LevelFilter::from_str(l).is_ok();
+    for d in filter.split(',') {
+        if d.is_empty() {
+            return Err(format!("{filter:?} has an empty directive; {HINT}"));
+        }
+        if d.trim() != d {
+            return Err(format!(
+                "{filter:?}: directive {d:?} has spaces around it, and would match nothing; {HINT}"
+            ));
+        }
+        match d.rsplit_once('=') {
+            Some((target, l)) => {
+                if target.is_empty() || !level(l) {
+                    return Err(format!(
+                        "{filter:?}: directive {d:?} is not TARGET=LEVEL; {HINT}"
+                    ));
+                }
+            }
+            None if level(d) => {}
+            None => {
+                return Err(format!(
+                    "{filter:?}: {d:?} is not a log level (it would be read as a target and \
+                     silence everything else, errors included); {HINT}"
+                ))
+            }
+        }
+    }
+    tracing_subscriber::EnvFilter::try_new(filter)
+        .map(|_| ())
+        .map_err(|e| format!("{filter:?} is not a valid log filter: {e}"))
 }
 
 fn node_config(n: FileNode) -> Result<NodeConfig, ConfigError> {
@@ -563,18 +673,32 @@ fn node_config(n: FileNode) -> Result<NodeConfig, ConfigError> {
             format!("must be between 1 and 1000 (got {max_pods})"),
         ));
     }
-    let lease_renew = n.lease_renew_secs.unwrap_or(10);
-    let lease_duration = n.lease_duration_secs.unwrap_or(40);
-    if lease_renew == 0 || u64::from(lease_duration) <= lease_renew {
+    let lease_duration = between(
+        "node.lease_duration_secs",
+        n.lease_duration_secs.map(u64::from),
+        40,
+        2,
+        3_600,
+    )? as u32;
+    let lease_renew = between("node.lease_renew_secs", n.lease_renew_secs, 10, 1, 3_600)?;
+    if u64::from(lease_duration) <= lease_renew {
         return Err(invalid(
             "node.lease_renew_secs",
             format!("must be at least 1 and below node.lease_duration_secs ({lease_duration})"),
         ));
     }
-    let status_report = n.status_report_secs.unwrap_or(300);
-    if status_report == 0 {
-        return Err(invalid("node.status_report_secs", "must be at least 1"));
-    }
+    let status_report = between(
+        "node.status_report_secs",
+        n.status_report_secs,
+        300,
+        1,
+        86_400,
+    )?;
+    // MiB to bytes: bounded first (1 TiB), so the shift cannot wrap into a huge reserve that
+    // would make all memory allocatable.
+    let mib = |field: &str, v: Option<u64>, default: u64| -> Result<u64, ConfigError> {
+        Ok(between(field, v, default, 0, 1 << 20)? << 20)
+    };
     let pct = |field: &str, v: Option<u8>, default: u8| {
         let v = v.unwrap_or(default);
         if v > 100 {
@@ -586,11 +710,11 @@ fn node_config(n: FileNode) -> Result<NodeConfig, ConfigError> {
         labels,
         taints,
         max_pods,
-        memory_reserve_bytes: n.memory_reserve_mib.unwrap_or(256) << 20,
+        memory_reserve_bytes: mib("node.memory_reserve_mib", n.memory_reserve_mib, 256)?,
         lease_renew: Duration::from_secs(lease_renew),
         lease_duration_secs: lease_duration,
         status_report: Duration::from_secs(status_report),
-        memory_pressure_bytes: n.memory_pressure_mib.unwrap_or(100) << 20,
+        memory_pressure_bytes: mib("node.memory_pressure_mib", n.memory_pressure_mib, 100)?,
         disk_pressure_percent: pct("node.disk_pressure_percent", n.disk_pressure_percent, 10)?,
         pid_pressure_percent: pct("node.pid_pressure_percent", n.pid_pressure_percent, 90)?,
     })
@@ -899,6 +1023,118 @@ mod tests {
                 ..Default::default()
             }
         );
+    }
+
+    #[test]
+    fn mistyped_log_filters_are_refused() {
+        for bad in [
+            "warning",
+            "verbose",
+            "info ",
+            " info",
+            "",
+            "  ",
+            "edgehub",
+            "edgehub=verbose",
+            "info,",
+            "=debug",
+            "edgehub::sync=",
+        ] {
+            let e =
+                resolve(Some(&format!("log = {bad:?}")), &[], &Overrides::default()).unwrap_err();
+            let msg = e.to_string();
+            assert_eq!(field_of(e), "log", "{bad:?}: {msg}");
+        }
+        // From the environment and the flag too: an empty EDGEHUB_LOG is not "the default".
+        let e = resolve(None, &[("EDGEHUB_LOG", "")], &Overrides::default()).unwrap_err();
+        assert!(e.to_string().contains("empty"), "{e}");
+        let flags = Overrides {
+            log: Some("warning".into()),
+            ..Default::default()
+        };
+        let e = resolve(None, &[], &flags).unwrap_err();
+        assert!(
+            e.to_string().contains("\"warning\" is not a log level"),
+            "{e}"
+        );
+        for good in [
+            "info",
+            "WARN",
+            "off",
+            "3",
+            "info,edgehub::sync=debug",
+            "edgehub=trace,hyper=warn",
+            "warn,edgehub::runtime[pass]=debug",
+        ] {
+            let c = resolve(Some(&format!("log = {good:?}")), &[], &Overrides::default());
+            assert!(c.is_ok(), "{good:?}: {:?}", c.err());
+        }
+    }
+
+    #[test]
+    fn every_numeric_field_is_bounded() {
+        // Each of these was wrapped or clamped without a word before.
+        for (file, field) in [
+            (
+                "[node]\nmemory_reserve_mib = 17592186044416",
+                "node.memory_reserve_mib",
+            ),
+            (
+                "[node]\nmemory_pressure_mib = 17592186044416",
+                "node.memory_pressure_mib",
+            ),
+            (
+                "[upgrade]\nmin_ready_floor_secs = 86400",
+                "upgrade.min_ready_floor_secs",
+            ),
+            (
+                "[report]\nreconnect_jitter_secs = 86400",
+                "report.reconnect_jitter_secs",
+            ),
+            ("[report]\nmax_rate = 1000000", "report.max_rate"),
+            ("[node]\nstatus_report_secs = 0", "node.status_report_secs"),
+            (
+                "[node]\nstatus_report_secs = 9999999",
+                "node.status_report_secs",
+            ),
+            (
+                "[node]\nlease_duration_secs = 99999",
+                "node.lease_duration_secs",
+            ),
+            ("[node]\nlease_renew_secs = 0", "node.lease_renew_secs"),
+            ("[logs]\nmax_size_kib = 1", "logs.max_size_kib"),
+            ("[logs]\nmax_files = 1", "logs.max_files"),
+            (
+                "[logs]\nmonitor_interval_secs = 0",
+                "logs.monitor_interval_secs",
+            ),
+        ] {
+            let e = resolve(Some(file), &[], &Overrides::default()).unwrap_err();
+            let msg = e.to_string();
+            assert_eq!(field_of(e), field, "{file}: {msg}");
+            assert!(msg.contains("must be between"), "{msg}");
+        }
+        let d = resolve(None, &[], &Overrides::default()).unwrap();
+        assert_eq!(d.node.memory_reserve_bytes, 256 << 20);
+        assert_eq!(d.upgrade.min_ready_floor, Duration::from_secs(2));
+        assert_eq!(d.report.reconnect_jitter, Duration::from_secs(30));
+        assert_eq!(
+            d.logs,
+            LogsConfig {
+                max_size_bytes: 10 << 20,
+                max_files: 5,
+                monitor_interval: Duration::from_secs(10),
+            }
+        );
+        // The edges are allowed.
+        let c = resolve(
+            Some("[node]\nmemory_reserve_mib = 1048576\n[upgrade]\nmin_ready_floor_secs = 0\n[report]\nreconnect_jitter_secs = 0\n[logs]\nmax_size_kib = 16\nmax_files = 2\n"),
+            &[],
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(c.node.memory_reserve_bytes, 1 << 40);
+        assert_eq!((c.logs.max_size_bytes, c.logs.max_files), (16 << 10, 2));
     }
 
     #[test]

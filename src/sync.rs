@@ -11,6 +11,13 @@
 //! - on start, resume the watch from the stored resourceVersion: no list while it is valid;
 //! - 410 Expired (list or watch ERROR event): list again, then replace the rows in one
 //!   transaction, deleting what the server no longer has;
+//! - a cursor ahead of the server (its etcd restored from a backup): the apiserver accepts a
+//!   watch from a version it does not have and sends nothing until its own versions pass it,
+//!   events in between lost; only a list with such a version answers 504 "Too large resource
+//!   version". So before watching from a cursor it did not just list (at start, and after
+//!   any error: an etcd restore restarts the apiserver), a reflector asks the server whether
+//!   it has that version ([`ApiClient::check_resource_version`], one small request), and on
+//!   the 504 lists again, node-scoped as always, as it does on a 410;
 //! - a watch that ends normally (server timeout) is restarted at once from the last version;
 //! - errors back off exponentially with full jitter, capped; a 429's Retry-After is honoured;
 //! - unchanged objects and bookmarks write nothing; the cursor travels with real changes, and
@@ -294,6 +301,8 @@ enum WatchEnd {
     Closed,
     /// 410: the version is too old; list again.
     Expired,
+    /// An ERROR event "Too large resource version": the server is behind the cursor.
+    Behind,
     /// Shutdown was signalled.
     Shutdown,
 }
@@ -350,6 +359,9 @@ impl Reflector {
             tracing::info!(resource = %key, resource_version = %rv, "resuming watch from the stored cursor");
         }
         let mut backoff = Backoff::new(self.cfg.backoff_initial, self.cfg.backoff_max);
+        // Whether the server must confirm it has the cursor's version before a watch from it:
+        // a stored cursor may be ahead of a server restored from a backup meanwhile.
+        let mut check = cursor.seen.is_some();
         loop {
             if *shutdown.borrow() {
                 break;
@@ -358,7 +370,17 @@ impl Reflector {
                 // A list can take up to the request timeout; shutdown must not wait for it.
                 // Dropping it is safe: its only write is one synchronous transaction.
                 None => tokio::select! {
-                    r = self.relist(&mut cursor) => r.map(|()| None),
+                    r = self.relist(&mut cursor) => r.map(|()| {
+                        check = false;
+                        None
+                    }),
+                    _ = shutdown.changed() => break,
+                },
+                Some(rv) if check => tokio::select! {
+                    r = self.check_cursor(&rv) => r.map(|()| {
+                        check = false;
+                        None
+                    }),
                     _ = shutdown.changed() => break,
                 },
                 Some(rv) => self.watch(&rv, &mut cursor, &mut shutdown).await.map(Some),
@@ -370,11 +392,24 @@ impl Reflector {
                     tracing::info!(resource = %key, "resourceVersion expired; listing again");
                     cursor.seen = None;
                 }
+                Ok(Some(WatchEnd::Behind)) => {
+                    self.behind(&cursor);
+                    cursor.seen = None;
+                }
                 Ok(Some(WatchEnd::Shutdown)) => break,
                 Err(e) => {
                     self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                    // Whatever broke (the link, the apiserver restarting after an etcd
+                    // restore), the server must confirm the cursor before the next watch.
+                    check = true;
                     let delay = match &e {
                         ReflectError::Kube(k) if k.is_expired() => {
+                            cursor.seen = None;
+                            Duration::ZERO
+                        }
+                        ReflectError::Kube(k) if k.is_resource_version_too_large() => {
+                            self.link.online();
+                            self.behind(&cursor);
                             cursor.seen = None;
                             Duration::ZERO
                         }
@@ -404,6 +439,27 @@ impl Reflector {
         }
         self.checkpoint(&mut cursor, true);
         tracing::debug!(resource = %key, "reflector stopped");
+    }
+
+    /// Asks the server whether it has `rv` (see [`ApiClient::check_resource_version`]).
+    async fn check_cursor(&self, rv: &str) -> Result<(), ReflectError> {
+        self.client
+            .check_resource_version(
+                &self.spec.resource,
+                self.spec.namespace.as_deref(),
+                &self.spec.params,
+                rv,
+            )
+            .await?;
+        self.link.online();
+        Ok(())
+    }
+
+    /// The server is behind the cursor: said once per occurrence, since it means the cloud's
+    /// etcd went back in time and the cache is about to be corrected by a list.
+    fn behind(&self, cursor: &Cursor) {
+        tracing::warn!(resource = %cursor.key, resource_version = ?cursor.seen,
+            "the apiserver does not have this resourceVersion yet (was its etcd restored from a backup?); listing again");
     }
 
     /// Lists every page, then replaces the rows in one transaction.
@@ -506,6 +562,9 @@ impl Reflector {
                     self.checkpoint(cursor, false);
                 }
                 WatchEvent::Error(status) if status.code == 410 => return Ok(WatchEnd::Expired),
+                WatchEvent::Error(status) if status.is_resource_version_too_large() => {
+                    return Ok(WatchEnd::Behind)
+                }
                 WatchEvent::Error(status) => {
                     return Err(ReflectError::from(KubeError::Status {
                         request: crate::kube::Request {
@@ -691,6 +750,7 @@ mod tests {
                 code: 429,
                 reason: "TooManyRequests".into(),
                 message: "slow down".into(),
+                details: None,
             },
             retry_after: Some(Duration::from_secs(3)),
             node: "n".into(),

@@ -94,6 +94,16 @@ fn output(mut c: Command) -> (bool, String) {
     )
 }
 
+/// A child killed when dropped, so a failing assertion does not leave it running.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn kill9(child: &mut Child) {
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
@@ -146,6 +156,149 @@ fn invalid_config_names_the_field() {
     assert!(out.contains("/nonexistent/edgehub.toml"), "{out}");
 }
 
+/// Waits up to `secs` for a child to exit; a child still running then is killed and reported.
+fn exit_within(mut child: Child, secs: u64, what: &str) -> (std::process::ExitStatus, String) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                std::io::Read::read_to_string(&mut e, &mut err).unwrap();
+            }
+            return (status, err);
+        }
+        if std::time::Instant::now() > deadline {
+            kill9(&mut child);
+            panic!("{what}: still running after {secs}s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+#[tokio::test]
+async fn out_of_range_numbers_and_mistyped_log_filters_are_refused_at_start() {
+    let env = Env::new().await;
+    let text = std::fs::read_to_string(&env.config).unwrap();
+    // 2^44 MiB: shifted to bytes it wrapped to 0, a reserve of nothing, and check-config said
+    // OK.
+    std::fs::write(
+        &env.config,
+        format!("{text}[node]\nmemory_reserve_mib = 17592186044416\n"),
+    )
+    .unwrap();
+    let (ok, out) = output(env.cmd(&["check-config"]));
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("config field `node.memory_reserve_mib`: must be between 0 and 1048576"),
+        "{out}"
+    );
+    std::fs::write(&env.config, &text).unwrap();
+
+    // A mistyped filter parses as a target and silences everything, errors included: `run`
+    // refuses it at once instead of running mute.
+    for (how, filter) in [
+        ("--log", "warning"),
+        ("--log", "verbose"),
+        ("--log", "info "),
+        ("EDGEHUB_LOG", ""),
+    ] {
+        let mut c = if how == "--log" {
+            env.cmd(&["--log", filter, "run"])
+        } else {
+            let mut c = env.cmd(&["run"]);
+            c.env("EDGEHUB_LOG", filter);
+            c
+        };
+        let child = c
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (status, err) = exit_within(child, 20, &format!("run with {how} {filter:?}"));
+        assert!(!status.success(), "{how} {filter:?}: {err}");
+        assert!(
+            err.contains("config field `log`"),
+            "{how} {filter:?}: {err}"
+        );
+    }
+    let child = env
+        .cmd(&["--log", "warning", "controller", "--no-leader-elect"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (status, err) = exit_within(child, 20, "controller with --log warning");
+    assert!(
+        !status.success() && err.contains("is not a log level"),
+        "{err}"
+    );
+}
+
+// Multi-threaded: the test blocks reading edgehub's stderr while the fake apiserver serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_is_caught_and_edgehub_keeps_running() {
+    let env = Env::new().await;
+    let port = common::free_port();
+    let mut child = env
+        .cmd(&["--api-addr", &format!("127.0.0.1:{port}"), "run"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = stderr_lines(&mut child);
+    let wait_line = |child: &mut Child, what: &str| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let mut seen = Vec::new();
+        loop {
+            if let Ok(line) = lines.recv_timeout(std::time::Duration::from_millis(100)) {
+                if line.contains(what) {
+                    return line;
+                }
+                seen.push(line);
+                continue;
+            }
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("edgehub ended ({status:?}) before logging {what:?}: {seen:#?}");
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no {what:?} line: {seen:#?}"
+            );
+        }
+    };
+    wait_line(&mut child, "local API serving");
+    let pid = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-HUP", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let line = wait_line(&mut child, "SIGHUP");
+    assert!(line.contains("keeps running"), "{line}");
+    assert!(child.try_wait().unwrap().is_none(), "still running");
+    let client = edgehub::local_client::LocalClient {
+        addr: format!("127.0.0.1:{port}").parse().unwrap(),
+        token: None,
+        timeout: std::time::Duration::from_secs(5),
+    };
+    let health = tokio::task::spawn_blocking(move || client.get("/v1/healthz").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(health.status, 200, "the API still answers");
+    // It still stops cleanly on SIGTERM.
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    wait_line(&mut child, "stopped");
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "exit status {status:?}");
+}
+
 #[test]
 fn missing_kubeconfig_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
@@ -187,6 +340,11 @@ async fn run_fills_the_database_and_resumes_after_sigkill_without_a_relist() {
         .server
         .count(|r| r.is_list_of("pods") && r.status == 200);
     assert_eq!(full_lists, 1);
+    assert_eq!(
+        env.server.count(|r| r.is_version_check_of("pods")),
+        0,
+        "the first run's watch followed its own list: nothing to check"
+    );
 
     // While it is dead, a pod is deleted in the cloud.
     env.server.remove("pods", "vehicle", "gateway-v9hb2");
@@ -201,6 +359,12 @@ async fn run_fills_the_database_and_resumes_after_sigkill_without_a_relist() {
             .count(|r| r.is_list_of("pods") && r.status == 200),
         1,
         "the server logs no second full list"
+    );
+    assert_eq!(
+        env.server
+            .count(|r| r.is_version_check_of("pods") && r.status == 200),
+        1,
+        "the resumed cursor was checked once"
     );
     let store = Store::open(&env.db(), OpenMode::Normal).unwrap();
     assert_eq!(store.count(Kind::DaemonSet).unwrap(), 2);
@@ -244,14 +408,53 @@ async fn a_corrupt_database_is_refused_untouched_until_reset_cache() {
 }
 
 #[tokio::test]
-async fn a_second_edgehub_on_the_same_data_dir_is_refused() {
+async fn a_schema_version_that_does_not_match_the_tables_is_named_and_reset_cache_recovers() {
     let env = Env::new().await;
-    let mut first = env.spawn_run(&[]);
-    wait_until(20, "first edgehub is running", || env.pods_in_db() == 2).await;
+    {
+        let store = Store::open(&env.db(), OpenMode::Normal).unwrap();
+        drop(store);
+        let conn = rusqlite::Connection::open(env.db()).unwrap();
+        conn.pragma_update(None, "user_version", 5).unwrap();
+    }
     let out = env.spawn_run(&[]).wait_with_output().unwrap();
-    kill9(&mut first);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&env.db().display().to_string())
+            && err.contains("do not match its schema version 5")
+            && err.contains("--reset-cache"),
+        "{err}"
+    );
+    let mut child = env.spawn_run(&["--reset-cache"]);
+    wait_until(20, "the reset cache is rebuilt from the apiserver", || {
+        env.pods_in_db() == 2
+    })
+    .await;
+    kill9(&mut child);
+}
+
+#[tokio::test]
+async fn a_second_edgehub_on_the_same_data_dir_is_refused() {
+    let env = Env::new().await;
+    let first = Running(env.spawn_run(&[]));
+    wait_until(20, "first edgehub is running", || env.pods_in_db() == 2).await;
+    let (status, err) = exit_within(env.spawn_run(&[]), 20, "the second edgehub");
+    assert!(!status.success());
+    assert!(err.contains("locked by another process"), "{err}");
+    // The natural reaction: delete whatever looks like a lock file, and try again.
+    for e in std::fs::read_dir(env.db().parent().unwrap()).unwrap() {
+        let e = e.unwrap();
+        if e.file_name().to_string_lossy().ends_with(".lock") {
+            std::fs::remove_file(e.path()).unwrap();
+        }
+    }
+    let (status, err) = exit_within(
+        env.spawn_run(&[]),
+        20,
+        "the second edgehub after deleting the lock files",
+    );
+    drop(first);
+    assert!(!status.success());
     assert!(err.contains("locked by another process"), "{err}");
 }
 
@@ -546,6 +749,22 @@ async fn a_restart_with_the_apiserver_unreachable_brings_the_pods_back() {
     }
 }
 
+/// The lines a child writes to stderr, read on a thread so a test can wait with a deadline
+/// (and the pipe never fills).
+fn stderr_lines(child: &mut Child) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let err = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(err).lines() {
+            let Ok(line) = line else { return };
+            // The test may stop listening; keep draining so the child never blocks.
+            let _ = tx.send(line);
+        }
+    });
+    rx
+}
+
 /// Polls an async condition every 200 ms, or panics after `secs`.
 async fn wait_for<F, Fut>(secs: u64, what: &str, mut f: F)
 where
@@ -566,7 +785,8 @@ where
 /// aside, and with a new data dir, all offline, the pods edgehub runs keep running (same
 /// containers). When the link returns, the pods the list confirms are adopted as they run and
 /// the one it does not have is removed.
-#[tokio::test]
+// Multi-threaded: the test blocks reading edgehub's stderr while the fake apiserver serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_empty_cache_offline_stops_nothing_and_the_list_adopts_what_it_confirms() {
     use edgehub::cri::{api, labels, CriClient, CriRuntime};
     use std::collections::HashMap;
@@ -647,8 +867,30 @@ async fn an_empty_cache_offline_stops_nothing_and_the_list_adopts_what_it_confir
                 vec![]
             }
         };
-        let mut child = env.spawn_run(&args);
-        tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+        // The proof that the runtime left them alone: two of its passes in a row count both
+        // sandboxes as kept for want of a pod list. A pass that started stopping them would
+        // hold them (a held pod is not counted) or, once done, find them gone, so the second
+        // line cannot come after a stop.
+        let mut run_args = vec!["--log", "info,edgehub::runtime=debug", "run"];
+        run_args.extend_from_slice(&args);
+        let mut child = env
+            .cmd(&run_args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines = stderr_lines(&mut child);
+        let mut kept = 0;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while kept < 2 {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let line = lines
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("{variant}: two runtime passes that keep both pods"));
+            if line.contains("reconciled") && line.contains("kept_unsynced: 2") {
+                kept += 1;
+            }
+        }
         assert_eq!(
             running("keep").await,
             keep,

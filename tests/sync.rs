@@ -330,28 +330,30 @@ async fn bookmarks_and_no_op_events_write_nothing() {
     h.server.set_bookmark_interval(Duration::from_millis(50));
     h.start();
     h.wait_converged().await;
-    // Let the first bookmarks pass, then measure the WAL over many more.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let events = |key: &str| {
+        h.sync()
+            .stats_for(key)
+            .unwrap()
+            .events
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    // Let every reflector see its first bookmark (after the list, nothing else comes), then
+    // measure the WAL over many more.
+    let keys: Vec<String> = h.sync().stats.iter().map(|(k, _)| k.clone()).collect();
+    let settled: Vec<u64> = keys.iter().map(|k| events(k)).collect();
+    wait_until(10, "every reflector got a bookmark", || {
+        keys.iter().zip(&settled).all(|(k, n)| events(k) > *n)
+    })
+    .await;
     let wal = h.db_path().with_extension("db-wal");
     let size = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
     let before = (size(&wal), size(&h.db_path()));
-    let events_before = h
-        .sync()
-        .stats_for("pods")
-        .unwrap()
-        .events
-        .load(std::sync::atomic::Ordering::Relaxed);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let events_after = h
-        .sync()
-        .stats_for("pods")
-        .unwrap()
-        .events
-        .load(std::sync::atomic::Ordering::Relaxed);
-    assert!(
-        events_after >= events_before + 10,
-        "bookmarks arrived ({events_before} -> {events_after})"
-    );
+    let events_before = events("pods");
+    // The proof that bookmarks came and went: ten more of them on the pods watch.
+    wait_until(10, "ten more bookmarks on the pods watch", || {
+        events("pods") >= events_before + 10
+    })
+    .await;
     assert_eq!(
         (size(&wal), size(&h.db_path())),
         before,
@@ -419,7 +421,12 @@ async fn shutdown_does_not_wait_for_a_hanging_apiserver() {
     let mut h = Harness::new().await;
     h.server.stall(true);
     h.start();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Every reflector's list is at the server, hanging.
+    let reflectors = h.sync().stats.len() as u64;
+    wait_until(10, "every reflector's list hangs at the server", || {
+        h.server.held_requests() >= reflectors
+    })
+    .await;
     let t = std::time::Instant::now();
     h.stop().await;
     // The request timeout is 3 s in the test config; stopping must not sit it out.
@@ -429,4 +436,169 @@ async fn shutdown_does_not_wait_for_a_hanging_apiserver() {
         t.elapsed()
     );
     h.server.stall(false);
+}
+
+/// After an etcd restore from a backup the apiserver's versions go back, and edgehub's
+/// cursor is ahead of them. A watch from it is accepted and stays silent (the server sends
+/// nothing, not even bookmarks, until its own versions pass the cursor, and what changed in
+/// between is never sent); only a version check answers 504 "Too large resource version".
+/// edgehub must notice and list again, node-scoped, so the cache equals the server.
+#[tokio::test]
+async fn a_cache_ahead_of_a_restored_server_is_corrected_by_a_list() {
+    let mut h = Harness::new().await;
+    h.start();
+    h.wait_converged().await;
+    let backup = h.server.snapshot();
+
+    // After the backup the cluster moves on, and edgehub follows: a pod changes, one is added.
+    bump_pod(&h, "telemetry-sv74m", "after-the-backup");
+    let mut late = h.server.get("pods", "vehicle", "gateway-v9hb2").unwrap();
+    late["metadata"] = json!({"name": "late", "namespace": "vehicle"});
+    h.server.apply("pods", late);
+    h.wait_converged().await;
+    let cursor: u64 = h
+        .store()
+        .cursor("pods?fieldSelector=spec.nodeName=edge-1")
+        .unwrap()
+        .unwrap()
+        .parse()
+        .unwrap();
+
+    // The restore (the apiserver restarts), then the cluster moves on from the backup: the
+    // gateway pod is deleted, at a version still below edgehub's cursor.
+    h.server.restore(&backup);
+    h.server.remove("pods", "vehicle", "gateway-v9hb2");
+    assert!(h.server.resource_version() < cursor);
+    let lists_before = h.lists_of("pods");
+    h.wait_converged().await;
+    assert_eq!(h.count(Kind::Pod), 1, "only telemetry, as restored");
+    assert!(h
+        .store()
+        .get(Kind::Pod, "vehicle", "late")
+        .unwrap()
+        .is_none());
+    assert!(
+        h.server
+            .count(|r| r.is_version_check_of("pods") && r.status == 504)
+            >= 1,
+        "the cursor check got the 504"
+    );
+    assert_eq!(
+        h.lists_of("pods"),
+        lists_before + 1,
+        "one node-scoped relist"
+    );
+    assert!(h.server.requests().iter().any(|r| r.is_list_of("pods")
+        && r.query.get("fieldSelector").map(String::as_str) == Some("spec.nodeName=edge-1")
+        && !r.query.contains_key("resourceVersion")));
+    h.stop().await;
+}
+
+/// The fake answers a version it does not have as the real apiserver does (k8s.io/apiserver
+/// v1.36): a list with `NotOlderThan` waits 3 s, then 504 Timeout with the
+/// `ResourceVersionTooLarge` cause and `retryAfterSeconds: 1`; `Exact` is the same 504 at
+/// once; a plain watch is accepted and silent; a watch list ends with that Status as an
+/// ERROR event.
+#[tokio::test]
+async fn the_fake_answers_a_future_resource_version_as_the_apiserver_does() {
+    let h = Harness::new().await;
+    let future = h.server.resource_version() + 100;
+    let tok = Some(edgehub_testsupport::NODE_TOKEN);
+    let pods = "/api/v1/pods?fieldSelector=spec.nodeName%3Dedge-1";
+    let t = std::time::Instant::now();
+    let (code, body) = h
+        .server
+        .raw(
+            tok,
+            "GET",
+            &format!("{pods}&limit=1&resourceVersion={future}&resourceVersionMatch=NotOlderThan"),
+            None,
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(
+        t.elapsed() >= Duration::from_secs(3),
+        "the watch cache waited"
+    );
+    assert_eq!(code, 504);
+    let current = h.server.resource_version();
+    assert_eq!(
+        body,
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": format!("Timeout: Too large resource version: {future}, current: {current}"),
+            "reason": "Timeout",
+            "details": {"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+                "retryAfterSeconds": 1},
+            "code": 504})
+    );
+    let (code, body) = h
+        .server
+        .raw(
+            tok,
+            "GET",
+            &format!("{pods}&resourceVersion={future}&resourceVersionMatch=Exact"),
+            None,
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (code, &body["details"]["retryAfterSeconds"]),
+        (504, &json!(0))
+    );
+    // A version it has is served as usual.
+    let (code, _) = h
+        .server
+        .raw(
+            tok,
+            "GET",
+            &format!("{pods}&limit=1&resourceVersion={current}&resourceVersionMatch=NotOlderThan"),
+            None,
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(code, 200);
+
+    // Watches, with bookmarks every 50 ms: while the one from the server's version gets
+    // twenty of them, the one from the future gets nothing.
+    h.server.set_bookmark_interval(Duration::from_millis(50));
+    let watch = |rv: u64| format!("{pods}&watch=1&allowWatchBookmarks=true&resourceVersion={rv}");
+    let (now_path, ahead_path) = (watch(current), watch(future));
+    let ahead = h
+        .server
+        .raw_watch(tok, &ahead_path, 1, Duration::from_secs(60));
+    let now = h
+        .server
+        .raw_watch(tok, &now_path, 20, Duration::from_secs(30));
+    tokio::select! {
+        now = now => {
+            let (code, events) = now.unwrap();
+            assert_eq!(code, 200);
+            assert!(events.len() == 20 && events.iter().all(|e| e["type"] == "BOOKMARK"), "{events:?}");
+        }
+        ahead = ahead => panic!("the watch from the future got something first: {ahead:?}"),
+    }
+    let (code, events) = h
+        .server
+        .raw_watch(
+            tok,
+            &format!(
+                "{}&sendInitialEvents=true&resourceVersionMatch=NotOlderThan",
+                watch(future)
+            ),
+            5,
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    assert_eq!(code, 200);
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0]["type"], "ERROR");
+    assert_eq!(events[0]["object"]["code"], 504);
+    assert_eq!(
+        events[0]["object"]["details"]["causes"][0]["reason"],
+        "ResourceVersionTooLarge"
+    );
 }

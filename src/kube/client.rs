@@ -49,6 +49,10 @@ pub struct ListParams {
     pub label_selector: Option<String>,
 }
 
+/// How long the apiserver's watch cache waits for a resourceVersion it does not have before
+/// it answers "too large" (`blockTimeout` in k8s.io/apiserver's watch_cache.go).
+const WATCH_CACHE_BLOCK: Duration = Duration::from_secs(3);
+
 /// One page of a list: the raw items and the list's metadata.
 #[derive(Debug)]
 pub struct ListPage {
@@ -196,6 +200,19 @@ impl ApiClient {
         path_and_query: &str,
         body: Option<(&'static str, Vec<u8>)>,
     ) -> Result<hyper::Response<Incoming>, KubeError> {
+        self.send_within(request, method, path_and_query, body, self.opts.timeout)
+            .await
+    }
+
+    /// [`ApiClient::send`] with a deadline of its own for the response's head.
+    async fn send_within(
+        &self,
+        request: &Request,
+        method: Method,
+        path_and_query: &str,
+        body: Option<(&'static str, Vec<u8>)>,
+        timeout: Duration,
+    ) -> Result<hyper::Response<Incoming>, KubeError> {
         let uri = format!("{}{}", self.server, path_and_query);
         let mut builder = hyper::Request::builder()
             .method(method)
@@ -228,11 +245,11 @@ impl ApiClient {
             request: request.clone(),
             reason: format!("cannot build request for {uri}: {e}"),
         })?;
-        let resp = match tokio::time::timeout(self.opts.timeout, self.http.request(req)).await {
+        let resp = match tokio::time::timeout(timeout, self.http.request(req)).await {
             Err(_) => {
                 return Err(KubeError::Timeout {
                     request: request.clone(),
-                    timeout: self.opts.timeout,
+                    timeout,
                 })
             }
             Ok(Err(e)) => return Err(self.classify(request, &e)),
@@ -356,6 +373,41 @@ impl ApiClient {
             continue_token: list.metadata.continue_token.filter(|c| !c.is_empty()),
             items: list.items.iter().map(|r| r.get().to_string()).collect(),
         })
+    }
+
+    /// Asks whether the server has reached `resource_version`: a list of at most one item
+    /// with `resourceVersionMatch=NotOlderThan`, served from the apiserver's watch cache. A
+    /// version the server does not have yet answers 504 "Too large resource version" (see
+    /// [`KubeError::is_resource_version_too_large`]) once the cache has waited 3 s for it. A
+    /// watch from such a version is accepted and stays silent until the server's versions
+    /// pass it, so this is the only way a client learns that its cursor is ahead.
+    pub async fn check_resource_version(
+        &self,
+        res: &Resource,
+        namespace: Option<&str>,
+        params: &ListParams,
+        resource_version: &str,
+    ) -> Result<(), KubeError> {
+        let request = Self::request_desc("list", res, None, namespace, None);
+        let path = format!(
+            "{}{}",
+            res.collection_path(namespace),
+            query(&[
+                ("fieldSelector", params.field_selector.as_deref()),
+                ("labelSelector", params.label_selector.as_deref()),
+                ("limit", Some("1")),
+                ("resourceVersion", Some(resource_version)),
+                ("resourceVersionMatch", Some("NotOlderThan")),
+            ])
+        );
+        // The watch cache holds the request up to 3 s waiting for the version before it
+        // answers: that is on top of the usual deadline, or the answer is never seen.
+        let timeout = self.opts.timeout + WATCH_CACHE_BLOCK;
+        let resp = self
+            .send_within(&request, Method::GET, &path, None, timeout)
+            .await?;
+        self.read_body(&request, resp, self.opts.max_body).await?;
+        Ok(())
     }
 
     /// Starts a watch from `resource_version` with bookmarks on. The server ends it after

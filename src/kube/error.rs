@@ -36,6 +36,48 @@ pub struct Status {
     pub reason: String,
     #[serde(default)]
     pub message: String,
+    /// `details`, when the server sent them (causes, retryAfterSeconds).
+    #[serde(default)]
+    pub details: Option<StatusDetails>,
+}
+
+/// `Status.details`: what the apiserver adds to some failures.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusDetails {
+    #[serde(default)]
+    pub causes: Vec<StatusCause>,
+    #[serde(default)]
+    pub retry_after_seconds: u32,
+}
+
+/// One `details.causes` entry; the cause's type is serialized as `reason`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct StatusCause {
+    #[serde(default)]
+    pub reason: String,
+    #[serde(default)]
+    pub message: String,
+}
+
+impl Status {
+    /// The apiserver's answer to a request for a resourceVersion newer than any it has: the
+    /// 504 of `storage.NewTooLargeResourceVersionError` (k8s.io/apiserver), "Timeout: Too
+    /// large resource version: <asked>, current: <current>", with cause
+    /// `ResourceVersionTooLarge`. After an etcd restore from a backup the server's versions
+    /// go back, and a client's cursor is ahead of them. Recognized as client-go's reflector
+    /// does: by the cause, else (servers before 1.18.6) by the message.
+    pub fn is_resource_version_too_large(&self) -> bool {
+        const MSG: &str = "Too large resource version";
+        if self.code != 504 {
+            return false;
+        }
+        self.details
+            .iter()
+            .flat_map(|d| &d.causes)
+            .any(|c| c.reason == "ResourceVersionTooLarge" || c.message == MSG)
+            || self.message.contains(MSG)
+    }
 }
 
 impl Status {
@@ -55,6 +97,7 @@ impl Status {
                 message: String::from_utf8_lossy(&body[..body.len().min(200)])
                     .trim()
                     .to_string(),
+                details: None,
             },
         }
     }
@@ -154,6 +197,12 @@ impl KubeError {
         self.code() == Some(410)
     }
 
+    /// 504 "Too large resource version": the server is behind the version asked for (its
+    /// etcd was restored from a backup); only a list without a version corrects the cache.
+    pub fn is_resource_version_too_large(&self) -> bool {
+        matches!(self, KubeError::Status { status, .. } if status.is_resource_version_too_large())
+    }
+
     /// The link is down (as opposed to the apiserver answering with an error).
     pub fn is_offline(&self) -> bool {
         matches!(
@@ -219,6 +268,35 @@ mod tests {
         assert_eq!(s.message, "<html>bad gateway</html>");
         let s = Status::from_body(500, &[0xff; 1000]);
         assert_eq!(s.code, 500);
+    }
+
+    #[test]
+    fn too_large_resource_version_is_recognized() {
+        // What k8s.io/apiserver's NewTooLargeResourceVersionError becomes on the wire
+        // (apimachinery NewTimeoutError + the ResourceVersionTooLarge cause).
+        let body = br#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"Timeout: Too large resource version: 1012, current: 1003","reason":"Timeout","details":{"causes":[{"reason":"ResourceVersionTooLarge","message":"Too large resource version"}],"retryAfterSeconds":1},"code":504}"#;
+        let e = KubeError::Status {
+            request: req(),
+            status: Status::from_body(504, body),
+            retry_after: None,
+            node: "n".into(),
+        };
+        assert!(e.is_resource_version_too_large());
+        assert!(!e.is_expired());
+        let s = Status::from_body(504, body);
+        assert_eq!(s.details.as_ref().map(|d| d.retry_after_seconds), Some(1));
+        // Older servers: the message only, or the cause's message without its type.
+        for old in [
+            &br#"{"kind":"Status","message":"Timeout: Too large resource version: 5, current: 3","reason":"Timeout","code":504}"#[..],
+            br#"{"kind":"Status","message":"Timeout","reason":"Timeout","details":{"causes":[{"message":"Too large resource version"}]},"code":504}"#,
+        ] {
+            assert!(Status::from_body(504, old).is_resource_version_too_large());
+        }
+        // Any other 504 is a plain timeout, retried as one.
+        let other = br#"{"kind":"Status","message":"Timeout: request did not complete within 60s","reason":"Timeout","code":504}"#;
+        assert!(!Status::from_body(504, other).is_resource_version_too_large());
+        let same_words = br#"{"kind":"Status","message":"Too large resource version","code":500}"#;
+        assert!(!Status::from_body(500, same_words).is_resource_version_too_large());
     }
 
     #[test]

@@ -52,6 +52,7 @@ pub(super) fn refused(code: u16, message: &str, retry_after: Option<u64>) -> Kub
             code,
             reason: String::new(),
             message: message.into(),
+            details: None,
         },
         retry_after: retry_after.map(Duration::from_secs),
         node: "n".into(),

@@ -49,7 +49,7 @@ pub enum StoreError {
         found: i64,
         supported: i64,
     },
-    #[error("database {path} is locked by another process (is another edgehub running on this data dir?)")]
+    #[error("database {path} is locked by another process (is another edgehub running on this data dir? The lock is on the data dir itself: stop that edgehub, or point this one at another data_dir)")]
     Locked { path: PathBuf },
     #[error("database {path}: {source}")]
     Io {
@@ -82,8 +82,8 @@ pub enum OpenMode {
 pub struct Store {
     conn: Mutex<Connection>,
     path: PathBuf,
-    /// Held for the life of the store: an exclusive `flock` on `<db>.lock`, so two edgehubs
-    /// never share one database.
+    /// Held for the life of the store: an exclusive `flock` on the data directory itself
+    /// (see [`take_lock`]), so two edgehubs never share one database or one pods directory.
     _lock: File,
     /// Bumped after every write that changed an object, so readers (the pod runtime) react
     /// to changes without polling the database.
@@ -711,30 +711,55 @@ impl Store {
     }
 }
 
+/// Locks the directory the database is in (the data dir) with an exclusive `flock`, held
+/// by the open directory for the life of the store.
+///
+/// Not a side file: a lock on `edgehub.db.lock` was defeated by deleting that file (the
+/// natural reaction to "locked by another process"), and the next edgehub locked a new file
+/// of the same name. A directory cannot be deleted while it holds the database. Not the
+/// database file either: SQLite takes POSIX record locks on it, and closing any descriptor
+/// of the file drops every POSIX lock the process holds on it; `flock` locks on the
+/// directory are independent of those. The data dir is edgehub's alone (pods' volumes and
+/// logs live there too), so one edgehub per data dir is the rule anyway.
 fn take_lock(path: &Path) -> Result<File, StoreError> {
-    let mut lock_path = path.as_os_str().to_owned();
-    lock_path.push(".lock");
-    let lock_path = PathBuf::from(lock_path);
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let io = |source| StoreError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
     let file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .mode(0o600)
-        .open(&lock_path)
-        .map_err(|source| StoreError::Io {
-            path: lock_path.clone(),
-            source,
-        })?;
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(dir)
+        .map_err(io)?;
     match file.try_lock() {
-        Ok(()) => Ok(file),
-        Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Locked {
-            path: path.to_path_buf(),
-        }),
-        Err(std::fs::TryLockError::Error(source)) => Err(StoreError::Io {
-            path: lock_path,
-            source,
-        }),
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            return Err(StoreError::Locked {
+                path: path.to_path_buf(),
+            })
+        }
+        Err(std::fs::TryLockError::Error(source)) => return Err(io(source)),
     }
+    // The side file an older edgehub locked: if one still runs, it holds it; otherwise it is
+    // removed, so nobody deletes it "to unlock" and wonders.
+    let mut legacy = path.as_os_str().to_owned();
+    legacy.push(".lock");
+    let legacy = PathBuf::from(legacy);
+    if let Ok(old) = OpenOptions::new().write(true).open(&legacy) {
+        if let Err(std::fs::TryLockError::WouldBlock) = old.try_lock() {
+            return Err(StoreError::Locked {
+                path: path.to_path_buf(),
+            });
+        }
+        if let Err(e) = std::fs::remove_file(&legacy) {
+            tracing::warn!(path = %legacy.display(), error = %e, "cannot remove the old lock file");
+        }
+    }
+    Ok(file)
 }
 
 /// Checks the file's header, identity, integrity and version, then migrates it.
@@ -820,8 +845,27 @@ fn check_and_open(path: &Path) -> Result<Connection, StoreError> {
     // the OS page cache, a few microseconds a page.
     conn.execute_batch("PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON; PRAGMA cache_size=-64;")
         .map_err(|e| classify(path, e))?;
-    schema::migrate(&mut conn).map_err(|e| classify(path, e))?;
-    Ok(conn)
+    if let Err(e) = schema::migrate(&mut conn) {
+        // A plain SQL error (duplicate column, no such table) means the tables are not what
+        // the file's user_version says: say so, name the file, and let --reset-cache move it
+        // aside, rather than "database: duplicate column name" with nothing to act on.
+        return Err(match e.source.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::Unknown) => corrupt(format!(
+                "its tables do not match its schema version {}: migrating it to version {} failed: {}",
+                e.from,
+                e.from + 1,
+                e.source
+            )),
+            _ => classify(path, e.source),
+        });
+    }
+    match schema::verify(&conn).map_err(|e| classify(path, e))? {
+        Ok(()) => Ok(conn),
+        Err(diff) => Err(corrupt(format!(
+            "its tables do not match its schema version {version}: {diff}",
+            version = schema::LATEST
+        ))),
+    }
 }
 
 fn read_up_to(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {

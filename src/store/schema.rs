@@ -226,15 +226,88 @@ pub fn schema_object_count(conn: &Connection) -> rusqlite::Result<i64> {
     conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
 }
 
+/// A migration that failed, and the version it started from.
+#[derive(Debug)]
+pub struct MigrateError {
+    pub from: i64,
+    pub source: rusqlite::Error,
+}
+
 /// Applies every migration above the file's current version.
-pub fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
-    let current = user_version(conn)?;
+pub fn migrate(conn: &mut Connection) -> Result<(), MigrateError> {
+    let current = user_version(conn).map_err(|source| MigrateError { from: 0, source })?;
     for (i, sql) in MIGRATIONS.iter().enumerate().skip(current.max(0) as usize) {
-        let tx = conn.transaction()?;
-        tx.execute_batch(sql)?;
-        tx.pragma_update(None, "application_id", APPLICATION_ID)?;
-        tx.pragma_update(None, "user_version", (i + 1) as i64)?;
-        tx.commit()?;
+        let step = |conn: &mut Connection| -> rusqlite::Result<()> {
+            let tx = conn.transaction()?;
+            tx.execute_batch(sql)?;
+            tx.pragma_update(None, "application_id", APPLICATION_ID)?;
+            tx.pragma_update(None, "user_version", (i + 1) as i64)?;
+            tx.commit()
+        };
+        step(conn).map_err(|source| MigrateError {
+            from: i as i64,
+            source,
+        })?;
     }
     Ok(())
+}
+
+/// Each table's columns, in order: what a schema is, for comparing two of them.
+type Shape = std::collections::BTreeMap<String, Vec<String>>;
+
+fn shape(conn: &Connection) -> rusqlite::Result<Shape> {
+    let mut tables = conn.prepare(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'",
+    )?;
+    let names: Vec<String> = tables
+        .query_map([], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    let mut out = Shape::new();
+    for t in names {
+        let mut cols = conn.prepare("SELECT name FROM pragma_table_info(?1)")?;
+        let c: Vec<String> = cols
+            .query_map([&t], |r| r.get(0))?
+            .collect::<Result<_, _>>()?;
+        out.insert(t, c);
+    }
+    Ok(out)
+}
+
+/// The shape every migration leads to, built once per process on an in-memory database.
+fn latest_shape() -> rusqlite::Result<&'static Shape> {
+    static LATEST_SHAPE: std::sync::OnceLock<Shape> = std::sync::OnceLock::new();
+    if let Some(s) = LATEST_SHAPE.get() {
+        return Ok(s);
+    }
+    let mut mem = Connection::open_in_memory()?;
+    migrate(&mut mem).map_err(|e| e.source)?;
+    Ok(LATEST_SHAPE.get_or_init(|| shape(&mem).unwrap_or_default()))
+}
+
+/// Whether the file's tables are what its `user_version` says, after [`migrate`]: a file
+/// whose version was set by hand, restored from another build, or written by a tool, would
+/// otherwise fail later with "no such column" in the middle of a sync or an upgrade. `Err`
+/// says what differs.
+pub fn verify(conn: &Connection) -> rusqlite::Result<Result<(), String>> {
+    let want = latest_shape()?;
+    let have = shape(conn)?;
+    for (table, cols) in want {
+        match have.get(table) {
+            None => return Ok(Err(format!("table {table} is missing"))),
+            Some(c) if c != cols => {
+                return Ok(Err(format!(
+                    "table {table} has columns ({}), schema version {LATEST} has ({})",
+                    c.join(", "),
+                    cols.join(", ")
+                )))
+            }
+            Some(_) => {}
+        }
+    }
+    if let Some(extra) = have.keys().find(|t| !want.contains_key(*t)) {
+        return Ok(Err(format!(
+            "table {extra} is not part of schema version {LATEST}"
+        )));
+    }
+    Ok(Ok(()))
 }

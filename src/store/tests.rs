@@ -60,6 +60,39 @@ fn second_open_is_locked() {
 }
 
 #[test]
+fn deleting_lock_files_does_not_let_a_second_store_in() {
+    let (_d, path) = db();
+    let _s = Store::open(&path, OpenMode::Normal).unwrap();
+    // What a person does on "locked by another process": delete whatever looks like a lock.
+    for e in std::fs::read_dir(path.parent().unwrap()).unwrap() {
+        let e = e.unwrap();
+        if e.file_name().to_string_lossy().ends_with(".lock") {
+            std::fs::remove_file(e.path()).unwrap();
+        }
+    }
+    let err = Store::open(&path, OpenMode::Normal).unwrap_err();
+    assert!(matches!(err, StoreError::Locked { .. }), "{err}");
+    // Another database file in the same data dir is refused too: the pods directory there is
+    // one edgehub's.
+    let err = Store::open(&path.with_file_name("other.db"), OpenMode::Normal).unwrap_err();
+    assert!(matches!(err, StoreError::Locked { .. }), "{err}");
+}
+
+#[test]
+fn an_old_lock_file_is_honoured_while_held_and_removed_when_not() {
+    let (_d, path) = db();
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let legacy = path.with_file_name("edgehub.db.lock");
+    let old = File::create(&legacy).unwrap();
+    old.lock().unwrap();
+    let err = Store::open(&path, OpenMode::Normal).unwrap_err();
+    assert!(matches!(err, StoreError::Locked { .. }), "{err}");
+    drop(old);
+    let _s = Store::open(&path, OpenMode::Normal).unwrap();
+    assert!(!legacy.exists(), "the unheld old lock file is removed");
+}
+
+#[test]
 fn garbage_file_is_corrupt_and_untouched() {
     let (_d, path) = db();
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
@@ -125,6 +158,55 @@ fn newer_schema_is_refused() {
     }
     let err = Store::open(&path, OpenMode::Normal).unwrap_err();
     assert!(matches!(err, StoreError::TooNew { .. }), "{err}");
+}
+
+#[test]
+fn a_user_version_that_does_not_match_the_tables_is_named_and_reset_recovers() {
+    let (_d, path) = db();
+    {
+        let s = Store::open(&path, OpenMode::Normal).unwrap();
+        s.replace_all(Kind::Pod, None, &[pod("a", "1")], ("pods", "10"))
+            .unwrap();
+        // The tables are at the latest version; the version says 5 (set by hand, or a file
+        // restored from another build): migrating 5 -> 6 adds columns that exist.
+        s.conn().pragma_update(None, "user_version", 5).unwrap();
+    }
+    let before = std::fs::read(&path).unwrap();
+    let err = Store::open(&path, OpenMode::Normal).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{msg}");
+    assert!(
+        msg.contains(&path.display().to_string())
+            && msg.contains("do not match its schema version 5")
+            && msg.contains("duplicate column name")
+            && msg.contains("--reset-cache"),
+        "{msg}"
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), before, "left untouched");
+    let s = Store::open(&path, OpenMode::ResetCache).unwrap();
+    assert_eq!(s.count(Kind::Pod).unwrap(), 0);
+    assert_eq!(schema::user_version(&s.conn()).unwrap(), schema::LATEST);
+    drop(s);
+    assert!(
+        std::fs::read_dir(path.parent().unwrap())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .any(|e| e.file_name().to_string_lossy().contains(".bad-")),
+        "the mismatched file was moved aside"
+    );
+
+    // The latest version with a table missing would fail later, mid-sync, with "no such
+    // table": it is refused at open.
+    {
+        let s = Store::open(&path, OpenMode::Normal).unwrap();
+        s.conn().execute_batch("DROP TABLE request_log").unwrap();
+    }
+    let err = Store::open(&path, OpenMode::Normal).unwrap_err();
+    assert!(
+        matches!(err, StoreError::Corrupt { .. })
+            && err.to_string().contains("table request_log is missing"),
+        "{err}"
+    );
 }
 
 #[test]

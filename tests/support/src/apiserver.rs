@@ -180,9 +180,26 @@ impl LoggedRequest {
         )
     }
 
-    /// A list (not a watch) of the collection whose path ends with `plural`.
+    /// A list (not a watch) of the collection whose path ends with `plural`, reading it
+    /// afresh: not a [`LoggedRequest::is_version_check_of`].
     pub fn is_list_of(&self, plural: &str) -> bool {
-        self.method == "GET" && !self.is_watch() && self.path.ends_with(&format!("/{plural}"))
+        self.method == "GET"
+            && !self.is_watch()
+            && self.path.ends_with(&format!("/{plural}"))
+            && !self.is_version_check()
+    }
+
+    /// A list that only asks whether the server has a resourceVersion
+    /// (`resourceVersionMatch=NotOlderThan`, `limit=1`): edgehub's check of its cursor.
+    pub fn is_version_check_of(&self, plural: &str) -> bool {
+        self.method == "GET"
+            && !self.is_watch()
+            && self.path.ends_with(&format!("/{plural}"))
+            && self.is_version_check()
+    }
+
+    fn is_version_check(&self) -> bool {
+        self.query.get("resourceVersionMatch").map(String::as_str) == Some("NotOlderThan")
     }
 
     pub fn is_watch_of(&self, plural: &str) -> bool {
@@ -198,6 +215,19 @@ struct Event {
     object: Value,
     /// The object before this change, for selector transitions.
     prev: Option<Value>,
+}
+
+/// A copy of the stored objects and resourceVersion: [`FakeApiServer::snapshot`].
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    rv: u64,
+    objects: BTreeMap<(String, String, String), Value>,
+}
+
+impl Snapshot {
+    pub fn resource_version(&self) -> u64 {
+        self.rv
+    }
 }
 
 #[derive(Default)]
@@ -224,6 +254,8 @@ struct State {
     rv_tx: watch::Sender<u64>,
     faults: Mutex<Faults>,
     stalled: AtomicBool,
+    /// Requests the stall is holding right now, so a test can wait until one hangs.
+    held: AtomicU64,
     log: Mutex<Vec<LoggedRequest>>,
     tokens: Mutex<HashMap<String, String>>,
     certs: Mutex<HashMap<Vec<u8>, String>>,
@@ -283,6 +315,7 @@ impl FakeApiServer {
             rv_tx,
             faults: Mutex::new(Faults::default()),
             stalled: AtomicBool::new(false),
+            held: AtomicU64::new(0),
             log: Mutex::new(Vec::new()),
             tokens: Mutex::new(HashMap::from([
                 (NODE_TOKEN.to_string(), NODE_USER.to_string()),
@@ -527,6 +560,31 @@ impl FakeApiServer {
         db.history.clear();
     }
 
+    /// The cluster's objects and resourceVersion, as an etcd backup holds them.
+    pub fn snapshot(&self) -> Snapshot {
+        let db = lock(&self.state.db);
+        Snapshot {
+            rv: db.rv,
+            objects: db.objects.clone(),
+        }
+    }
+
+    /// An etcd restore from `snap`, as an operator does it: the objects and the
+    /// resourceVersion go back to the backup's, and the apiserver restarts (every connection
+    /// drops). Its new watch cache starts at the restored version, so older versions get 410
+    /// and newer ones (a client's cursor from before the restore) are "too large".
+    pub fn restore(&self, snap: &Snapshot) {
+        {
+            let mut db = lock(&self.state.db);
+            db.objects = snap.objects.clone();
+            db.rv = snap.rv;
+            db.compacted = snap.rv;
+            db.history.clear();
+            self.state.rv_tx.send_replace(db.rv);
+        }
+        self.state.kill_tx.send_modify(|v| *v += 1);
+    }
+
     // ---- knobs ----
 
     /// The next `n` requests whose path and query contain every string of `uri_contains` fail
@@ -586,6 +644,11 @@ impl FakeApiServer {
     /// While stalled, requests get no answer and watches send nothing.
     pub fn stall(&self, on: bool) {
         self.state.stalled.store(on, Ordering::SeqCst);
+    }
+
+    /// Requests that arrived while stalled and are waiting for their answer.
+    pub fn held_requests(&self) -> u64 {
+        self.state.held.load(Ordering::SeqCst)
     }
 
     /// Offline: the port refuses connections and open ones are dropped. Online: listen again
@@ -1075,8 +1138,19 @@ async fn handle(
         Err(_) => Bytes::new(),
     };
 
-    while state.stalled.load(Ordering::SeqCst) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    if state.stalled.load(Ordering::SeqCst) {
+        // Counted down on drop too: a client that gives up drops this future mid-wait.
+        struct Held<'a>(&'a AtomicU64);
+        impl Drop for Held<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        state.held.fetch_add(1, Ordering::SeqCst);
+        let _held = Held(&state.held);
+        while state.stalled.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     let resp = route(
@@ -1182,6 +1256,8 @@ async fn route(
         (&Method::GET, None, None) => {
             if matches!(query.get("watch").map(String::as_str), Some("1" | "true")) {
                 watch(state, rt, route.namespace, query)
+            } else if let Some(too_large) = list_from_the_future(state, query).await {
+                too_large
             } else {
                 list(state, rt, route.namespace.as_deref(), query)
             }
@@ -1616,6 +1692,80 @@ fn strip_type(obj: &Value) -> Value {
     o
 }
 
+/// How long the apiserver's watch cache waits for a resourceVersion it does not have yet
+/// (`blockTimeout` in k8s.io/apiserver's watch_cache.go).
+const BLOCK_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The Status of `storage.NewTooLargeResourceVersionError(asked, current, retry)`: an
+/// apimachinery Timeout error with the `ResourceVersionTooLarge` cause.
+fn too_large_body(asked: u64, current: u64, retry_secs: u32) -> Value {
+    status_body(
+        504,
+        "Timeout",
+        &format!("Timeout: Too large resource version: {asked}, current: {current}"),
+        Some(json!({
+            "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+            "retryAfterSeconds": retry_secs,
+        })),
+    )
+}
+
+/// Waits up to [`BLOCK_TIMEOUT`] for the server to reach `asked`; returns the version it has.
+async fn wait_fresh(state: &State, asked: u64) -> u64 {
+    let mut rv = state.rv_tx.subscribe();
+    let deadline = tokio::time::Instant::now() + BLOCK_TIMEOUT;
+    loop {
+        let current = lock(&state.db).rv;
+        if current >= asked {
+            return current;
+        }
+        tokio::select! {
+            r = rv.changed() => if r.is_err() { return current; },
+            _ = tokio::time::sleep_until(deadline) => return current,
+        }
+    }
+}
+
+/// A list asking for a resourceVersion the server does not have yet, answered as the real
+/// apiserver answers it (k8s.io/apiserver v1.36: cacher/delegator.go, watch_cache.go,
+/// etcd3/store.go): `NotOlderThan` (or a version without a match or a limit) is served from
+/// the watch cache, which waits 3 s for the version and then answers 504 with
+/// `retryAfterSeconds: 1` (and the Retry-After header the response writer derives from it);
+/// `Exact` (or a version with a limit and no match) goes to etcd, whose "future revision"
+/// is the same 504 at once, with no retry hint. `None`: an ordinary list.
+async fn list_from_the_future(
+    state: &State,
+    q: &BTreeMap<String, String>,
+) -> Option<Response<Body>> {
+    let asked: u64 = q
+        .get("resourceVersion")
+        .and_then(|s| s.parse().ok())
+        .filter(|&n| n > 0)?;
+    if q.get("continue").is_some_and(|c| !c.is_empty()) {
+        return None;
+    }
+    let exact = match q.get("resourceVersionMatch").map(String::as_str) {
+        Some("Exact") => true,
+        Some("NotOlderThan") => false,
+        _ => q.get("limit").is_some_and(|l| l != "0"),
+    };
+    let current = lock(&state.db).rv;
+    if current >= asked {
+        return None;
+    }
+    if exact {
+        return Some(json_response(504, &too_large_body(asked, current, 0)));
+    }
+    let current = wait_fresh(state, asked).await;
+    if current >= asked {
+        return None;
+    }
+    let mut resp = json_response(504, &too_large_body(asked, current, 1));
+    resp.headers_mut()
+        .insert("retry-after", hyper::header::HeaderValue::from_static("1"));
+    Some(resp)
+}
+
 #[derive(serde::Serialize, serde::Deserialize)]
 struct ContinueToken {
     v: String,
@@ -1639,7 +1789,7 @@ fn list(
             .get("resourceVersion")
             .and_then(|s| s.parse().ok())
             .unwrap_or(0);
-        if asked < db.compacted || asked > db.rv {
+        if asked < db.compacted {
             return status(
                 410,
                 "Expired",
@@ -2278,6 +2428,21 @@ async fn watch_task(
         Expired(Value),
         From(u64, Vec<Value>),
     }
+    // A watch list (sendInitialEvents) from a version the server does not have: the watch
+    // cache waits 3 s for it, then ends the stream with the "too large" Status as an ERROR
+    // event (cacher.go, waitUntilWatchCacheFreshAndForceAllEvents). A plain watch from such a
+    // version is accepted and sends nothing until the server's versions pass it.
+    if let Some(asked) = rv_param
+        .parse::<u64>()
+        .ok()
+        .filter(|&n| n > 0 && send_initial)
+    {
+        let current = wait_fresh(&state, asked).await;
+        if current < asked {
+            send(event_line("ERROR", &too_large_body(asked, current, 1))).await?;
+            return Ok(());
+        }
+    }
     let start = {
         let db = lock(&state.db);
         let asked: Option<u64> = rv_param.parse().ok().filter(|&n| n > 0);
@@ -2376,8 +2541,12 @@ async fn watch_task(
             r = rv_rx.changed() => { if r.is_err() { return Ok(()); } }
             _ = tokio::time::sleep_until(deadline) => return Ok(()),
             _ = tokio::time::sleep_until(next_bookmark), if bookmarks => {
-                if !state.stalled.load(Ordering::SeqCst) {
-                    last = last.max(current);
+                // A bookmark carries the server's version, and only goes to a watcher that
+                // has not been told a newer one: one watching from a version the server
+                // does not have yet gets none (cache_watcher.go sends events newer than the
+                // watcher's version only).
+                if !state.stalled.load(Ordering::SeqCst) && current >= last {
+                    last = current;
                     send(event_line("BOOKMARK", &bookmark(rt, last, false))).await?;
                 }
                 next_bookmark = tokio::time::Instant::now() + bookmark_every;
