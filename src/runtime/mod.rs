@@ -156,6 +156,9 @@ pub struct Reconciler<R: CriRuntime> {
     warned_unsynced: bool,
     /// What the last snapshot looked like, so an unchanged relist is not a full pass.
     last_seen: u64,
+    /// The next relist is a full pass even if the runtime looks the same: the last pass left
+    /// out a pod that was let go during it.
+    again: bool,
 }
 
 impl<R: CriRuntime + 'static> Reconciler<R> {
@@ -190,6 +193,7 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
             failing: false,
             warned_unsynced: false,
             last_seen: 0,
+            again: false,
         }
     }
 
@@ -311,16 +315,21 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
             self.finished(done, pass);
         }
         let now = Instant::now();
+        // Who holds which pod, read before the snapshot: a pod the engine held while the
+        // runtime was observed may be mid-swap in it, and must get nothing from this pass
+        // even if the engine lets go before the decision.
+        let held_before = self.locks.held();
         let mut snapshot = self
             .observer
             .observe(&*self.cri, &self.node_name, &self.data_dir.join("pods"))
             .await?;
         snapshot.apply_aliases(self.store.pod_aliases()?);
         let seen = snapshot.fingerprint();
-        if !forced && seen == self.last_seen {
+        if !forced && !self.again && seen == self.last_seen {
             return Ok(());
         }
         self.last_seen = seen;
+        self.again = false;
         let sources_ready = self
             .store
             .cursor(&crate::sync::pods_cursor_key(&self.node_name))?
@@ -334,7 +343,11 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
         )?;
         probes::track(&mut self.probes, &desired, &snapshot, now);
         let awaiting = self.awaiting()?;
+        // With those taken since: theirs are no longer the runtime's to act on. A pod let go
+        // meanwhile gets its pass on the next relist, from a snapshot taken after.
         let mut held = self.locks.held();
+        self.again = held_before.iter().any(|u| !held.contains(u));
+        held.extend(held_before);
         held.extend(
             awaiting
                 .iter()
