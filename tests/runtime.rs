@@ -1290,7 +1290,6 @@ async fn a_repeated_warning_bumps_the_events_count() {
 
 /// One CRI call the runtime made.
 #[derive(Debug, Clone)]
-#[allow(dead_code)] // TODO(item 16): read by the KillPod test
 struct Call {
     method: &'static str,
     id: String,
@@ -1335,7 +1334,6 @@ impl Watched {
         (listed_rx, go_tx)
     }
 
-    #[allow(dead_code)] // TODO(item 16): read by the KillPod test
     fn calls(&self, method: &str) -> Vec<Call> {
         let calls = self.calls.lock().unwrap();
         calls
@@ -1558,4 +1556,147 @@ async fn a_pod_the_engine_lets_go_mid_pass_is_not_decided_on_the_stale_snapshot(
     assert_eq!(running(&cri, &id).await.len(), 1);
     remove(&e.store, &p);
     r.reconcile().await.unwrap();
+}
+
+/// A registry stand-in that accepts connections and never answers, counting them: each pull
+/// that reached it holds one open.
+async fn counting_black_hole() -> (
+    u16,
+    Arc<std::sync::atomic::AtomicUsize>,
+    tokio::task::JoinHandle<()>,
+) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let n = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = n.clone();
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = l.accept().await {
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            held.push(s);
+        }
+    });
+    (port, n, task)
+}
+
+/// As many hanging pulls as the runtime runs pods' actions at once: another pod's readiness
+/// probe still runs (its flip reaches the apiserver) and its killed container is still
+/// restarted, both while every pull hangs. A pull waits on the registry, not on the runtime,
+/// so it must not take the slot a probe or a restart needs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hanging_pulls_in_every_slot_starve_no_probe_and_no_restart() {
+    let e = env();
+    let _cleanup = cleanup(&e);
+    let (server, _kdir, client) = cloud(&e).await;
+    let (port, pulls, _hole) = counting_black_hole().await;
+    let cri = CriClient::new(&e.socket);
+    let live_id = uid("busy-live");
+    let mut live = pod("busy-live", &live_id, "127.0.0.1:5000/busybox:1.0");
+    live["spec"]["containers"][0]["command"] =
+        json!(["sh", "-c", "touch /tmp/ready; while true; do sleep 1; done"]);
+    live["spec"]["containers"][0]["readinessProbe"] = json!({
+        "exec": {"command": ["cat", "/tmp/ready"]}, "periodSeconds": 1, "failureThreshold": 1});
+    server.apply("pods", live);
+    put(&e.store, &server.get("pods", "rt", "busy-live").unwrap());
+    let mut r = reconciler(&e, Some(client));
+    r.host_ip = Some("127.0.0.1".into());
+    r.cri = Arc::new(CriClient::new(&e.socket).with_pull_deadline(Duration::from_secs(60)));
+    let slots = r.parallel;
+    let stop = spawn_loop(r);
+    common::wait_until(30, "the live pod is Ready", || {
+        ready_of(&server, "busy-live") == ("True".to_string(), true)
+    })
+    .await;
+    let hanging: Vec<String> = (0..slots).map(|i| format!("busy-hang-{i}")).collect();
+    for name in &hanging {
+        let mut p = pod(name, &uid(name), &format!("127.0.0.1:{port}/{name}:1.0"));
+        p["spec"]["containers"][0]["imagePullPolicy"] = json!("Always");
+        server.apply("pods", p);
+        put(&e.store, &server.get("pods", "rt", name).unwrap());
+    }
+    common::wait_until(20, "every hanging pod's pull reached the registry", || {
+        pulls.load(std::sync::atomic::Ordering::SeqCst) >= slots
+    })
+    .await;
+
+    // The live pod turns unready: its probe must run for the apiserver to hear it.
+    let before = running(&cri, &live_id).await[0].id.clone();
+    exec(&cri, &before, &["/bin/busybox", "rm", "/tmp/ready"]).await;
+    common::wait_until(20, "the unready pod's status while the pulls hang", || {
+        ready_of(&server, "busy-live").0 == "False"
+    })
+    .await;
+    // Its container dies: it is back after its backoff (300 ms), not after the pulls.
+    runc_kill(&e, &before);
+    common::wait_until(
+        20,
+        "the killed container is back while the pulls hang",
+        || {
+            futures_now(running(&cri, &live_id))
+                .iter()
+                .any(|c| c.id != before)
+        },
+    )
+    .await;
+    for name in &hanging {
+        let st = server.get("pods", "rt", name).unwrap()["status"].clone();
+        assert!(
+            !st["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["reason"] == "ErrImagePull"),
+            "{name} is still pulling: {st}"
+        );
+    }
+    drop(stop);
+    for name in hanging.iter().map(String::as_str).chain(["busy-live"]) {
+        remove(&e.store, &server.get("pods", "rt", name).unwrap());
+    }
+    reconciler(&e, None).reconcile().await.unwrap();
+}
+
+/// A pod whose containers ignore SIGTERM takes its grace period to stop: all its containers
+/// wait it out together, as the kubelet stops them, not one after another.
+#[tokio::test]
+async fn a_pods_containers_are_stopped_together() {
+    let e = env();
+    let _cleanup = cleanup(&e);
+    let cri = CriClient::new(&e.socket);
+    let id = uid("together");
+    let mut p = pod("together", &id, "127.0.0.1:5000/busybox:1.0");
+    // PID 1 without a handler: SIGTERM does nothing, so each stop waits out the grace period.
+    let c = json!({"name": "a", "image": "127.0.0.1:5000/busybox:1.0",
+        "command": ["sh", "-c", "while true; do sleep 1; done"]});
+    let mut c2 = c.clone();
+    c2["name"] = json!("b");
+    p["spec"]["containers"] = json!([c, c2]);
+    p["spec"]["terminationGracePeriodSeconds"] = json!(2);
+    put(&e.store, &p);
+    let watched = Watched::new(&e.socket);
+    let mut r = watched_reconciler(&e, watched.clone(), None);
+    r.reconcile().await.unwrap();
+    assert_eq!(running(&cri, &id).await.len(), 2);
+
+    remove(&e.store, &p);
+    let pass = r.reconcile().await.unwrap();
+    assert_eq!(pass.pods_removed, 1, "{pass:?}");
+    assert!(containers_of(&cri, &id).await.is_empty());
+    let stops = watched.calls("StopContainer");
+    assert_eq!(stops.len(), 2, "{stops:?}");
+    assert_ne!(stops[0].id, stops[1].id, "one stop per container");
+    let (first, second) = if stops[0].began <= stops[1].began {
+        (&stops[0], &stops[1])
+    } else {
+        (&stops[1], &stops[0])
+    };
+    assert!(
+        second.began < first.ended,
+        "the second stop began {:?} after the first ended: one grace period after the other",
+        second.began.duration_since(first.ended)
+    );
+    eprintln!(
+        "two containers ignoring SIGTERM, grace 2 s: stopped in {:?}",
+        stops.iter().map(|c| c.ended).max().unwrap() - first.began
+    );
 }
