@@ -83,6 +83,45 @@ fn env() -> Env {
     }
 }
 
+/// Removes every sandbox of `node` when dropped, so a test that fails halfway leaves nothing
+/// running in the shared containerd.
+struct Cleanup {
+    node: String,
+    socket: PathBuf,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let (node, socket) = (self.node.clone(), self.socket.clone());
+        // Its own thread and runtime: drop may run inside the test's runtime.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let c = CriClient::new(&socket);
+                let all = c
+                    .list_pod_sandbox(HashMap::from([(labels::NODE.to_string(), node)]))
+                    .await
+                    .unwrap_or_default();
+                for sb in all {
+                    let _ = c.stop_pod_sandbox(&sb.id).await;
+                    let _ = c.remove_pod_sandbox(&sb.id).await;
+                }
+            })
+        })
+        .join();
+    }
+}
+
+fn cleanup(e: &Env) -> Cleanup {
+    Cleanup {
+        node: e.node.clone(),
+        socket: e.socket.clone(),
+    }
+}
+
 /// A fake apiserver and a client for it, as the node identity.
 async fn cloud(
     e: &Env,
@@ -1243,4 +1282,421 @@ async fn a_repeated_warning_bumps_the_events_count() {
     assert!(server.count(|q| q.verb == "patch" && q.resource == "events") >= 1);
     remove(&e.store, &server.get("pods", "rt", "nope").unwrap());
     r.reconcile().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The real containerd, seen from beside the runtime: every call recorded with when it began
+// and ended, and one ListContainers that can be held at the moment it has its answer.
+
+/// One CRI call the runtime made.
+#[derive(Debug, Clone)]
+struct Call {
+    method: &'static str,
+    id: String,
+    began: std::time::Instant,
+    ended: std::time::Instant,
+}
+
+/// At the next ListContainers: told when the answer is in, and waits for the word to go on.
+type Gate = (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::sync::oneshot::Receiver<()>,
+);
+
+/// The shared containerd, every call passed on as it is.
+#[derive(Clone)]
+struct Watched {
+    inner: CriClient,
+    calls: Arc<std::sync::Mutex<Vec<Call>>>,
+    gate: Arc<std::sync::Mutex<Option<Gate>>>,
+}
+
+impl Watched {
+    fn new(socket: &Path) -> Watched {
+        Watched {
+            inner: CriClient::new(socket),
+            calls: Default::default(),
+            gate: Default::default(),
+        }
+    }
+
+    /// Holds the next ListContainers once its answer is in: the receiver hears when, and the
+    /// call returns that answer when the sender says so.
+    fn hold_next_list(
+        &self,
+    ) -> (
+        tokio::sync::oneshot::Receiver<()>,
+        tokio::sync::oneshot::Sender<()>,
+    ) {
+        let (listed_tx, listed_rx) = tokio::sync::oneshot::channel();
+        let (go_tx, go_rx) = tokio::sync::oneshot::channel();
+        *self.gate.lock().unwrap() = Some((listed_tx, go_rx));
+        (listed_rx, go_tx)
+    }
+
+    fn calls(&self, method: &str) -> Vec<Call> {
+        let calls = self.calls.lock().unwrap();
+        calls
+            .iter()
+            .filter(|c| c.method == method)
+            .cloned()
+            .collect()
+    }
+
+    async fn record<T>(
+        &self,
+        method: &'static str,
+        id: &str,
+        f: impl std::future::Future<Output = T>,
+    ) -> T {
+        let began = std::time::Instant::now();
+        let out = f.await;
+        self.calls.lock().unwrap().push(Call {
+            method,
+            id: id.to_string(),
+            began,
+            ended: std::time::Instant::now(),
+        });
+        out
+    }
+}
+
+impl CriRuntime for Watched {
+    async fn version(&self) -> Result<api::VersionResponse, edgehub::cri::CriError> {
+        self.inner.version().await
+    }
+    async fn status(&self) -> Result<api::StatusResponse, edgehub::cri::CriError> {
+        self.inner.status().await
+    }
+    async fn pull_image(
+        &self,
+        image: &str,
+        auth: Option<api::AuthConfig>,
+    ) -> Result<String, edgehub::cri::CriError> {
+        self.record("PullImage", image, self.inner.pull_image(image, auth))
+            .await
+    }
+    async fn image_status(
+        &self,
+        image: &str,
+    ) -> Result<Option<api::Image>, edgehub::cri::CriError> {
+        self.inner.image_status(image).await
+    }
+    async fn list_images(&self) -> Result<Vec<api::Image>, edgehub::cri::CriError> {
+        self.inner.list_images().await
+    }
+    async fn remove_image(&self, image: &str) -> Result<(), edgehub::cri::CriError> {
+        self.inner.remove_image(image).await
+    }
+    async fn run_pod_sandbox(
+        &self,
+        config: api::PodSandboxConfig,
+    ) -> Result<String, edgehub::cri::CriError> {
+        self.record("RunPodSandbox", "", self.inner.run_pod_sandbox(config))
+            .await
+    }
+    async fn pod_sandbox_status(
+        &self,
+        id: &str,
+    ) -> Result<Option<api::PodSandboxStatus>, edgehub::cri::CriError> {
+        self.inner.pod_sandbox_status(id).await
+    }
+    async fn list_pod_sandbox(
+        &self,
+        labels: HashMap<String, String>,
+    ) -> Result<Vec<api::PodSandbox>, edgehub::cri::CriError> {
+        self.inner.list_pod_sandbox(labels).await
+    }
+    async fn stop_pod_sandbox(&self, id: &str) -> Result<(), edgehub::cri::CriError> {
+        self.record("StopPodSandbox", id, self.inner.stop_pod_sandbox(id))
+            .await
+    }
+    async fn remove_pod_sandbox(&self, id: &str) -> Result<(), edgehub::cri::CriError> {
+        self.record("RemovePodSandbox", id, self.inner.remove_pod_sandbox(id))
+            .await
+    }
+    async fn create_container(
+        &self,
+        sandbox_id: &str,
+        config: api::ContainerConfig,
+        sandbox_config: api::PodSandboxConfig,
+    ) -> Result<String, edgehub::cri::CriError> {
+        self.record(
+            "CreateContainer",
+            sandbox_id,
+            self.inner
+                .create_container(sandbox_id, config, sandbox_config),
+        )
+        .await
+    }
+    async fn start_container(&self, id: &str) -> Result<(), edgehub::cri::CriError> {
+        self.record("StartContainer", id, self.inner.start_container(id))
+            .await
+    }
+    async fn stop_container(
+        &self,
+        id: &str,
+        timeout_secs: i64,
+    ) -> Result<(), edgehub::cri::CriError> {
+        self.record(
+            "StopContainer",
+            id,
+            self.inner.stop_container(id, timeout_secs),
+        )
+        .await
+    }
+    async fn remove_container(&self, id: &str) -> Result<(), edgehub::cri::CriError> {
+        self.record("RemoveContainer", id, self.inner.remove_container(id))
+            .await
+    }
+    async fn container_status(
+        &self,
+        id: &str,
+    ) -> Result<Option<api::ContainerStatus>, edgehub::cri::CriError> {
+        self.inner.container_status(id).await
+    }
+    async fn list_containers(
+        &self,
+        labels: HashMap<String, String>,
+    ) -> Result<Vec<api::Container>, edgehub::cri::CriError> {
+        let out = self.inner.list_containers(labels).await;
+        let gate = self.gate.lock().unwrap().take();
+        if let Some((listed, go)) = gate {
+            let _ = listed.send(());
+            let _ = go.await;
+        }
+        out
+    }
+    async fn exec_sync(
+        &self,
+        id: &str,
+        cmd: Vec<String>,
+        timeout: Duration,
+    ) -> Result<api::ExecSyncResponse, edgehub::cri::CriError> {
+        self.inner.exec_sync(id, cmd, timeout).await
+    }
+}
+
+fn watched_reconciler(
+    e: &Env,
+    cri: Watched,
+    client: Option<edgehub::kube::ApiClient>,
+) -> Reconciler<Watched> {
+    if let Some(c) = &client {
+        spawn_reporter(e, c);
+    }
+    let mut r = Reconciler::new(cri, e.store.clone(), client, e.data.clone(), e.node.clone());
+    r.backoff = BackoffPolicy {
+        initial: Duration::from_millis(300),
+        max: Duration::from_secs(2),
+    };
+    r
+}
+
+/// The upgrade engine holds a pod while it swaps its container, and lets go between the
+/// runtime's snapshot and its decision: the runtime must not decide on the snapshot taken
+/// while the engine was mid-swap (no container yet), or it starts a second one beside the
+/// engine's.
+#[tokio::test]
+async fn a_pod_the_engine_lets_go_mid_pass_is_not_decided_on_the_stale_snapshot() {
+    use edgehub::runtime::{desired, observe::Observer, Holder};
+    let e = env();
+    let _cleanup = cleanup(&e);
+    let cri = CriClient::new(&e.socket);
+    let id = uid("stale");
+    let mut p = pod("stale", &id, "127.0.0.1:5000/busybox:1.0");
+    p["spec"]["containers"][0]["command"] = json!(["sh", "-c", "while true; do sleep 1; done"]);
+    put(&e.store, &p);
+    let watched = Watched::new(&e.socket);
+    let mut r = watched_reconciler(&e, watched.clone(), None);
+    r.reconcile().await.unwrap();
+    let old = running(&cri, &id).await;
+    assert_eq!(old.len(), 1);
+
+    // The engine takes the pod and removes its container: the swap's first half.
+    assert!(r.locks.try_hold(&id, Holder::Upgrade));
+    cri.stop_container(&old[0].id, 0).await.unwrap();
+    cri.remove_container(&old[0].id).await.unwrap();
+    let (listed, go) = watched.hold_next_list();
+    let locks = r.locks.clone();
+    let engine = async {
+        // The runtime has listed the containers (none for the pod); the engine now starts
+        // the new one and lets go before the runtime decides.
+        listed.await.unwrap();
+        let snap = Observer::default()
+            .observe(&cri, &e.node, &e.data.join("pods"))
+            .await
+            .unwrap();
+        let want = desired::read(&e.store, &snap, &e.data, &e.node, None).unwrap();
+        let plan = want[0].plan.clone().unwrap().unwrap();
+        let sb = snap.pod(&id).ready_sandbox().unwrap().id.clone();
+        edgehub::runtime::act::create_and_start(
+            &cri,
+            &plan.name,
+            &sb,
+            &plan.sandbox,
+            &plan.containers[0],
+            1,
+        )
+        .await
+        .unwrap();
+        locks.release(&id, Holder::Upgrade);
+        go.send(()).unwrap();
+    };
+    let (pass, ()) = tokio::join!(r.reconcile(), engine);
+    let pass = pass.unwrap();
+    let now = running(&cri, &id).await;
+    assert_eq!(
+        (now.len(), pass.containers_started),
+        (1, 0),
+        "only the engine's container runs: {pass:?}"
+    );
+    // The next pass sees the engine's container and leaves it be.
+    assert_eq!(r.reconcile().await.unwrap(), Default::default());
+    assert_eq!(running(&cri, &id).await.len(), 1);
+    remove(&e.store, &p);
+    r.reconcile().await.unwrap();
+}
+
+/// A registry stand-in that accepts connections and never answers, counting them: each pull
+/// that reached it holds one open.
+async fn counting_black_hole() -> (
+    u16,
+    Arc<std::sync::atomic::AtomicUsize>,
+    tokio::task::JoinHandle<()>,
+) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let n = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = n.clone();
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = l.accept().await {
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            held.push(s);
+        }
+    });
+    (port, n, task)
+}
+
+/// As many hanging pulls as the runtime runs pods' actions at once: another pod's readiness
+/// probe still runs (its flip reaches the apiserver) and its killed container is still
+/// restarted, both while every pull hangs. A pull waits on the registry, not on the runtime,
+/// so it must not take the slot a probe or a restart needs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hanging_pulls_in_every_slot_starve_no_probe_and_no_restart() {
+    let e = env();
+    let _cleanup = cleanup(&e);
+    let (server, _kdir, client) = cloud(&e).await;
+    let (port, pulls, _hole) = counting_black_hole().await;
+    let cri = CriClient::new(&e.socket);
+    let live_id = uid("busy-live");
+    let mut live = pod("busy-live", &live_id, "127.0.0.1:5000/busybox:1.0");
+    live["spec"]["containers"][0]["command"] =
+        json!(["sh", "-c", "touch /tmp/ready; while true; do sleep 1; done"]);
+    live["spec"]["containers"][0]["readinessProbe"] = json!({
+        "exec": {"command": ["cat", "/tmp/ready"]}, "periodSeconds": 1, "failureThreshold": 1});
+    server.apply("pods", live);
+    put(&e.store, &server.get("pods", "rt", "busy-live").unwrap());
+    let mut r = reconciler(&e, Some(client));
+    r.host_ip = Some("127.0.0.1".into());
+    r.cri = Arc::new(CriClient::new(&e.socket).with_pull_deadline(Duration::from_secs(60)));
+    let slots = r.parallel;
+    let stop = spawn_loop(r);
+    common::wait_until(30, "the live pod is Ready", || {
+        ready_of(&server, "busy-live") == ("True".to_string(), true)
+    })
+    .await;
+    let hanging: Vec<String> = (0..slots).map(|i| format!("busy-hang-{i}")).collect();
+    for name in &hanging {
+        let mut p = pod(name, &uid(name), &format!("127.0.0.1:{port}/{name}:1.0"));
+        p["spec"]["containers"][0]["imagePullPolicy"] = json!("Always");
+        server.apply("pods", p);
+        put(&e.store, &server.get("pods", "rt", name).unwrap());
+    }
+    common::wait_until(20, "every hanging pod's pull reached the registry", || {
+        pulls.load(std::sync::atomic::Ordering::SeqCst) >= slots
+    })
+    .await;
+
+    // The live pod turns unready: its probe must run for the apiserver to hear it.
+    let before = running(&cri, &live_id).await[0].id.clone();
+    exec(&cri, &before, &["/bin/busybox", "rm", "/tmp/ready"]).await;
+    common::wait_until(20, "the unready pod's status while the pulls hang", || {
+        ready_of(&server, "busy-live").0 == "False"
+    })
+    .await;
+    // Its container dies: it is back after its backoff (300 ms), not after the pulls.
+    runc_kill(&e, &before);
+    common::wait_until(
+        20,
+        "the killed container is back while the pulls hang",
+        || {
+            futures_now(running(&cri, &live_id))
+                .iter()
+                .any(|c| c.id != before)
+        },
+    )
+    .await;
+    for name in &hanging {
+        let st = server.get("pods", "rt", name).unwrap()["status"].clone();
+        assert!(
+            !st["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["reason"] == "ErrImagePull"),
+            "{name} is still pulling: {st}"
+        );
+    }
+    drop(stop);
+    for name in hanging.iter().map(String::as_str).chain(["busy-live"]) {
+        remove(&e.store, &server.get("pods", "rt", name).unwrap());
+    }
+    reconciler(&e, None).reconcile().await.unwrap();
+}
+
+/// A pod whose containers ignore SIGTERM takes its grace period to stop: all its containers
+/// wait it out together, as the kubelet stops them, not one after another.
+#[tokio::test]
+async fn a_pods_containers_are_stopped_together() {
+    let e = env();
+    let _cleanup = cleanup(&e);
+    let cri = CriClient::new(&e.socket);
+    let id = uid("together");
+    let mut p = pod("together", &id, "127.0.0.1:5000/busybox:1.0");
+    // PID 1 without a handler: SIGTERM does nothing, so each stop waits out the grace period.
+    let c = json!({"name": "a", "image": "127.0.0.1:5000/busybox:1.0",
+        "command": ["sh", "-c", "while true; do sleep 1; done"]});
+    let mut c2 = c.clone();
+    c2["name"] = json!("b");
+    p["spec"]["containers"] = json!([c, c2]);
+    p["spec"]["terminationGracePeriodSeconds"] = json!(2);
+    put(&e.store, &p);
+    let watched = Watched::new(&e.socket);
+    let mut r = watched_reconciler(&e, watched.clone(), None);
+    r.reconcile().await.unwrap();
+    assert_eq!(running(&cri, &id).await.len(), 2);
+
+    remove(&e.store, &p);
+    let pass = r.reconcile().await.unwrap();
+    assert_eq!(pass.pods_removed, 1, "{pass:?}");
+    assert!(containers_of(&cri, &id).await.is_empty());
+    let stops = watched.calls("StopContainer");
+    assert_eq!(stops.len(), 2, "{stops:?}");
+    assert_ne!(stops[0].id, stops[1].id, "one stop per container");
+    let (first, second) = if stops[0].began <= stops[1].began {
+        (&stops[0], &stops[1])
+    } else {
+        (&stops[1], &stops[0])
+    };
+    assert!(
+        second.began < first.ended,
+        "the second stop began {:?} after the first ended: one grace period after the other",
+        second.began.duration_since(first.ended)
+    );
+    eprintln!(
+        "two containers ignoring SIGTERM, grace 2 s: stopped in {:?}",
+        stops.iter().map(|c| c.ended).max().unwrap() - first.began
+    );
 }

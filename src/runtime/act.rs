@@ -227,8 +227,15 @@ async fn step<R: CriRuntime>(
             grace_secs,
             ..
         } => {
+            // All at once, as the kubelet stops a pod's containers: a pod takes one grace
+            // period to stop, not one per container.
+            let stops = containers
+                .iter()
+                .map(|c| async move { ignore_missing(cri.stop_container(c, grace_secs).await) });
+            for stopped in join_all(stops.collect()).await {
+                stopped?;
+            }
             for c in &containers {
-                ignore_missing(cri.stop_container(c, grace_secs).await)?;
                 ignore_missing(cri.remove_container(c).await)?;
             }
             for s in &sandboxes {
@@ -254,6 +261,31 @@ async fn step<R: CriRuntime>(
         | Action::GiveUpAdoption { .. } => {}
     }
     Ok(())
+}
+
+/// Runs the futures together and returns their outputs in order (a pod's few containers: no
+/// dependency for it).
+async fn join_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut futures: Vec<_> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, out) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if out.is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => *out = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
 }
 
 fn remove_pod_dir<R>(env: &Env<R>, uid: &str) {
@@ -342,7 +374,7 @@ pub async fn create_and_start<R: CriRuntime>(
                 password: a.password.clone(),
                 ..Default::default()
             });
-            cri.pull_image(&c.image, auth).await?;
+            super::slots::pull(cri, &c.image, auth).await?;
         }
         _ => {}
     }

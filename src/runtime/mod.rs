@@ -6,6 +6,8 @@
 //! 3. [`decide`] (pure) turns both into actions;
 //! 4. [`act`] carries out each pod's actions in that pod's own task, a bounded number at a
 //!    time, so no pod waits on another's pull or grace period, and never two tasks for one pod;
+//!    a task that pulls leaves that bound for one of pulls ([`slots`]), so slow pulls never
+//!    hold up another pod's probes and restarts;
 //! 5. [`status`] (pure) computes each settled pod's status; it is queued only when it differs
 //!    from what the apiserver holds, and [`report`] delivers it in a task of its own.
 //!
@@ -21,6 +23,7 @@ pub mod decide;
 pub mod desired;
 pub mod observe;
 pub mod probes;
+pub mod slots;
 pub mod status;
 
 pub use crate::backoff::BackoffPolicy;
@@ -130,8 +133,10 @@ pub struct Reconciler<R: CriRuntime> {
     pub node_name: String,
     pub host_ip: Option<String>,
     pub backoff: BackoffPolicy,
-    /// Pods whose actions run at once.
+    /// Pods whose actions run at once, not counting those waiting for a pull.
     pub parallel: usize,
+    /// Pulls at once, across pods.
+    pub parallel_pulls: usize,
     /// How often the runtime is relisted to notice exits, as the kubelet's PLEG does; a pass
     /// follows only when something changed.
     pub relist: Duration,
@@ -149,6 +154,10 @@ pub struct Reconciler<R: CriRuntime> {
     /// The status last queued per pod uid (`None` until the queue was read).
     queued: Option<HashMap<String, Value>>,
     tasks: JoinSet<act::Outcome>,
+    /// The bounds of `parallel` and `parallel_pulls`, made at the first pass.
+    pool: Option<slots::Pool>,
+    /// A pod's actions waited for a free slot in the last pass.
+    deferred: bool,
     /// The pod each task works on, so a task that panicked still releases its pod.
     task_pods: HashMap<tokio::task::Id, String>,
     /// The runtime failed on the last pass (logged once).
@@ -156,6 +165,9 @@ pub struct Reconciler<R: CriRuntime> {
     warned_unsynced: bool,
     /// What the last snapshot looked like, so an unchanged relist is not a full pass.
     last_seen: u64,
+    /// The next relist is a full pass even if the runtime looks the same: the last pass left
+    /// out a pod that was let go during it.
+    again: bool,
 }
 
 impl<R: CriRuntime + 'static> Reconciler<R> {
@@ -175,6 +187,7 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
             host_ip: None,
             backoff: BackoffPolicy::default(),
             parallel: 4,
+            parallel_pulls: 4,
             relist: Duration::from_secs(1),
             adopt_timeout: Duration::from_secs(600),
             locks: PodLocks::default(),
@@ -186,10 +199,13 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
             reported: HashMap::new(),
             queued: None,
             tasks: JoinSet::new(),
+            pool: None,
+            deferred: false,
             task_pods: HashMap::new(),
             failing: false,
             warned_unsynced: false,
             last_seen: 0,
+            again: false,
         }
     }
 
@@ -209,9 +225,19 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
                     None => std::future::pending().await,
                 }
             };
+            let pool = self.pool.clone();
+            let deferred = self.deferred;
+            let freed = async move {
+                match pool {
+                    Some(p) if deferred => p.freed().await,
+                    _ => std::future::pending().await,
+                }
+            };
             let mut pass = Pass::default();
             let mut forced = true;
             tokio::select! {
+                // A pulling task's work slot, for a pod that waited for one.
+                _ = freed => {}
                 _ = tick.tick() => {}
                 _ = relist.tick() => forced = false,
                 _ = due => {}
@@ -311,16 +337,21 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
             self.finished(done, pass);
         }
         let now = Instant::now();
+        // Who holds which pod, read before the snapshot: a pod the engine held while the
+        // runtime was observed may be mid-swap in it, and must get nothing from this pass
+        // even if the engine lets go before the decision.
+        let held_before = self.locks.held();
         let mut snapshot = self
             .observer
             .observe(&*self.cri, &self.node_name, &self.data_dir.join("pods"))
             .await?;
         snapshot.apply_aliases(self.store.pod_aliases()?);
         let seen = snapshot.fingerprint();
-        if !forced && seen == self.last_seen {
+        if !forced && !self.again && seen == self.last_seen {
             return Ok(());
         }
         self.last_seen = seen;
+        self.again = false;
         let sources_ready = self
             .store
             .cursor(&crate::sync::pods_cursor_key(&self.node_name))?
@@ -334,7 +365,11 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
         )?;
         probes::track(&mut self.probes, &desired, &snapshot, now);
         let awaiting = self.awaiting()?;
+        // With those taken since: theirs are no longer the runtime's to act on. A pod let go
+        // meanwhile gets its pass on the next relist, from a snapshot taken after.
         let mut held = self.locks.held();
+        self.again = held_before.iter().any(|u| !held.contains(u));
+        held.extend(held_before);
         held.extend(
             awaiting
                 .iter()
@@ -441,16 +476,24 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
             client: self.client.clone(),
             data_dir: self.data_dir.clone(),
         };
+        let (work, pulls) = (self.parallel, self.parallel_pulls);
+        let pool = self
+            .pool
+            .get_or_insert_with(|| slots::Pool::new(work, pulls));
+        self.deferred = false;
         for (uid, actions) in io {
-            if self.tasks.len() >= self.parallel.max(1) {
-                break; // The rest waits for the next pass, which a finishing task starts.
-            }
+            let Some(slot) = pool.try_slot() else {
+                // The rest waits for the next pass, which a finishing task or a pull that
+                // gives its slot back starts.
+                self.deferred = true;
+                break;
+            };
             if !self.locks.try_hold(&uid, Holder::Runtime) {
                 continue;
             }
-            let handle = self
-                .tasks
-                .spawn(act::run_pod(env.clone(), uid.clone(), actions));
+            let handle =
+                self.tasks
+                    .spawn(slot.scope(act::run_pod(env.clone(), uid.clone(), actions)));
             self.task_pods.insert(handle.id(), uid);
         }
         if wait {
