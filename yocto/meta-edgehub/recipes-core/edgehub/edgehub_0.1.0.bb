@@ -2,30 +2,44 @@ SUMMARY = "edgehub: offline OTA upgrades for Kubernetes DaemonSet pods"
 DESCRIPTION = "Node agent that caches its node's pods, DaemonSets and ControllerRevisions, \
 serves OpenYurt's OTA API on 127.0.0.1:10267, and upgrades pods through the CRI with or \
 without a link to the cloud."
-LICENSE = "Apache-2.0"
-LIC_FILES_CHKSUM = "file://Cargo.toml;beginline=7;endline=7;md5=2507bd5f0713f05419cd2f22fa06fe62"
+SECTION = "admin"
 
-# Where the edgehub sources and the crate registry are, set in local.conf (see the layer's
-# README): EDGEHUB_GIT_URI as host/path of the git repository, EDGEHUB_CRATE_REGISTRY as the
-# host of the crate registry or of your mirror of it.
+# LICENSE and LIC_FILES_CHKSUM: edgehub's own licence and those of the crates linked into the
+# binary, generated from cargo's view of the dependency graph.
+require edgehub-licenses.inc
+
+# Where the edgehub sources are, set in local.conf, a bbappend or the kas file (see the layer's
+# README). Nothing is looked up at parse time: the recipe builds the commit it is given.
+#   EDGEHUB_GIT_URI       host/path of the git repository (a local path with protocol "file")
+#   EDGEHUB_GIT_PROTOCOL  the git fetcher's protocol: https (default), ssh, file
+#   EDGEHUB_GIT_BRANCH    the branch the commit is on; empty for a commit on no branch
+#   EDGEHUB_SRCREV        the full commit to build
 EDGEHUB_GIT_URI ??= ""
 EDGEHUB_GIT_PROTOCOL ??= "https"
 EDGEHUB_GIT_BRANCH ??= "main"
-EDGEHUB_SRCREV ??= "${AUTOREV}"
-EDGEHUB_CRATE_REGISTRY ??= ""
+EDGEHUB_SRCREV ??= ""
 
-SRC_URI = "git://${EDGEHUB_GIT_URI};protocol=${EDGEHUB_GIT_PROTOCOL};branch=${EDGEHUB_GIT_BRANCH}"
+EDGEHUB_GIT_BRANCH_PARAM = "${@'branch=' + d.getVar('EDGEHUB_GIT_BRANCH') if d.getVar('EDGEHUB_GIT_BRANCH') else 'nobranch=1'}"
+SRC_URI = "git://${EDGEHUB_GIT_URI};protocol=${EDGEHUB_GIT_PROTOCOL};${EDGEHUB_GIT_BRANCH_PARAM} \
+           file://edgehub.service \
+           file://config.toml \
+"
 SRCREV = "${EDGEHUB_SRCREV}"
-S = "${WORKDIR}/git"
+# "+git": the package version then carries the commit (0.1.0+git<n>+<hash>), so builds of
+# different commits are different versions; with a PR service (PRSERV_HOST) <n> also orders them.
+PV = "0.1.0+git"
 
-require edgehub-crates.inc
+# The crates of Cargo.lock, as `bitbake -c update_crates edgehub` writes them.
+require ${BPN}-crates.inc
 
-inherit cargo systemd
+inherit cargo cargo-update-recipe-crates systemd
 
+# A recipe that cannot be built skips itself with the reason, so adding the layer before
+# configuring it breaks nobody's parse or world build.
 python () {
-    for var in ("EDGEHUB_GIT_URI", "EDGEHUB_CRATE_REGISTRY"):
-        if not d.getVar(var):
-            bb.fatal("meta-edgehub: set %s in local.conf (see the layer's README)" % var)
+    missing = [v for v in ("EDGEHUB_GIT_URI", "EDGEHUB_SRCREV") if not d.getVar(v)]
+    if missing:
+        raise bb.parse.SkipRecipe("set %s in local.conf (see meta-edgehub's README)" % " and ".join(missing))
 }
 
 # Only the device binary: the workspace also holds test support.
@@ -33,12 +47,14 @@ do_compile() {
     oe_cargo_build -p edgehub --bin edgehub
 }
 
+# The unit and the default config come from the layer's files/ (SRC_URI above), so a product
+# layer overrides them the usual way: a bbappend with FILESEXTRAPATHS:prepend.
 do_install:append() {
     install -d -m 0755 ${D}${sysconfdir}/edgehub
-    install -m 0644 ${S}/yocto/meta-edgehub/recipes-core/edgehub/files/config.toml ${D}${sysconfdir}/edgehub/config.toml
+    install -m 0644 ${UNPACKDIR}/config.toml ${D}${sysconfdir}/edgehub/config.toml
     install -d -m 0700 ${D}${localstatedir}/lib/edgehub
     install -d ${D}${systemd_system_unitdir}
-    install -m 0644 ${S}/yocto/meta-edgehub/recipes-core/edgehub/files/edgehub.service ${D}${systemd_system_unitdir}/edgehub.service
+    install -m 0644 ${UNPACKDIR}/edgehub.service ${D}${systemd_system_unitdir}/edgehub.service
     install -d ${D}${docdir}/edgehub
     install -m 0644 ${S}/README.md ${S}/deploy/rbac.yaml ${S}/deploy/kubeconfig.template.yaml ${D}${docdir}/edgehub/
 }
@@ -47,5 +63,5 @@ SYSTEMD_SERVICE:${PN} = "edgehub.service"
 SYSTEMD_AUTO_ENABLE:${PN} = "enable"
 FILES:${PN} += "${localstatedir}/lib/edgehub ${systemd_system_unitdir}/edgehub.service"
 CONFFILES:${PN} = "${sysconfdir}/edgehub/config.toml"
-# The CRI runtime edgehub drives (meta-virtualization's containerd).
-RRECOMMENDS:${PN} = "containerd-opencontainers"
+# The recommendation of a CRI runtime (meta-virtualization's containerd) is in
+# dynamic-layers/virtualization-layer, parsed only when that layer is present.
