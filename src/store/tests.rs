@@ -834,7 +834,7 @@ fn queued_events_start_their_series_when_the_file_is_migrated() {
     {
         let s = Store::open(&path, OpenMode::Normal).unwrap();
         let c = s.conn();
-        // Back to version 9: no series; an Event queued twice, with the delivery token the
+        // Back to version 10: no series; an Event queued twice, with the delivery token the
         // sender used to match against a GET.
         c.execute_batch(
             "DROP TABLE event_series;
@@ -842,7 +842,7 @@ fn queued_events_start_their_series_when_the_file_is_migrated() {
              VALUES ('event', 'u1', 'ns', 'p.edgehub-upgradestarted', 'event/ns/p.edgehub-upgradestarted',
                  '{\"metadata\":{\"name\":\"p.edgehub-upgradestarted\",\"annotations\":{\"edgehub.io/delivery\":\"ab12\"}},\"firstTimestamp\":\"t0\"}',
                  2, 1);
-             PRAGMA user_version = 9;",
+             PRAGMA user_version = 10;",
         )
         .unwrap();
     }
