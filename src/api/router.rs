@@ -84,7 +84,7 @@ pub const ROUTES: &[(&str, &str, &[u16])] = &[
     (
         "/openyurt.io/v1/namespaces/{ns}/pods/{name}/upgrade",
         "POST",
-        &[200, 400, 401, 403, 404, 409, 412, 500],
+        &[200, 400, 401, 403, 404, 409, 412, 500, 503],
     ),
     (
         "/openyurt.io/v1/namespaces/{ns}/pods/{name}/upgrade",
