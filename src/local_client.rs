@@ -350,6 +350,9 @@ pub fn status_text(body: &str) -> Result<String, String> {
             r["state"].as_str().unwrap_or("-"),
             r["id"],
         ));
+        if let Some(w) = r["waiting"].as_str() {
+            out.push_str(&format!("        waiting: {w}\n"));
+        }
     }
     Ok(out)
 }
@@ -428,8 +431,13 @@ mod tests {
     fn status_text_lists_link_cache_and_requests() {
         let body = r#"{"node":"edge-1","link":{"state":"Offline","reason":"refused"},"runtime":{"state":"Ready","version":"containerd://1.6.20"},
             "cache":{"pods":2,"daemonSets":2,"controllerRevisions":3,"nodes":1},
-            "activeRequests":[{"id":1,"kind":"upgrade","namespace":"vehicle","name":"p","from":"a","to":"b","state":"Requested"}]}"#;
+            "activeRequests":[{"id":1,"kind":"upgrade","namespace":"vehicle","name":"p","from":"a","to":"b","state":"Requested",
+                "waiting":"the container runtime: unavailable"}]}"#;
         let t = status_text(body).unwrap();
+        assert!(
+            t.contains("        waiting: the container runtime: unavailable\n"),
+            "{t}"
+        );
         assert!(t.contains("link:   Offline (refused)"));
         assert!(t.contains("runtime: Ready (containerd://1.6.20)"));
         assert!(t.contains("2 pods, 2 DaemonSets, 3 ControllerRevisions, 1 nodes"));

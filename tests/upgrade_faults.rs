@@ -397,8 +397,29 @@ async fn while_images_pull_the_runtime_keeps_the_pod_and_a_second_request_is_409
     let (port, registry) = silent_registry().await;
     n.rolled_to_and_offline(Some(&format!("127.0.0.1:{port}/busybox:9.9")))
         .await;
-    let (code, body) = n.http("POST", &n.upgrade_path());
-    assert_eq!(code, 200, "{body}");
+    // The OTA manager's field tool: --wait follows the request, and gives up at its timeout
+    // saying where it stands.
+    let out = n
+        .cmd(&[
+            "upgrade",
+            "vehicle/telemetry-sv74m",
+            "--wait",
+            "--timeout",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.starts_with("Start updating pod vehicle/telemetry-sv74m\n")
+            && text.contains("gave up after 2s; the upgrade of vehicle/telemetry-sv74m is still "),
+        "{text}"
+    );
     n.wait_state(30, &["Pulling"]).await;
     let sidecar = n.running("sidecar").await[0].id.clone();
     n.cri.stop_container(&sidecar, 0).await.unwrap();

@@ -294,7 +294,10 @@ impl<R: CriRuntime + 'static> Engine<R> {
                 Ok(false) => st.last_error.clear(),
                 Err(e) => {
                     // Said once per cause, not every second while the runtime is away.
-                    let msg = e.to_string();
+                    let msg = match &e {
+                        UpgradeError::Cri(c) => format!("the container runtime: {c}"),
+                        other => other.to_string(),
+                    };
                     if msg != st.last_error {
                         tracing::warn!(upgrade = req.id, upgrade_uid = %req.uid, pod = %req.name, error = %msg, "upgrade cannot go on yet; retrying");
                         if let Err(e) = self.store.set_request_waiting(req.id, Some(&msg)) {
