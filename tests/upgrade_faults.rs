@@ -26,29 +26,34 @@ async fn named(n: &Node, name: &str) -> Vec<api::Container> {
         .collect()
 }
 
-/// Exactly one running container per app container name, of the image the journal says.
+/// Exactly one running container per app container name, the app of the image the journal
+/// says, in one sandbox (waited for: the runtime may still be converging).
 async fn one_revision_runs(n: &Node, app_image: &str) {
-    n.wait_for(30, "one running container per name", |n| async move {
-        let all = n.containers().await;
-        ["app", "sidecar"].iter().all(|name| {
-            all.iter()
-                .filter(|c| {
-                    c.labels.get(labels::CONTAINER_NAME).map(String::as_str) == Some(name)
-                        && c.state == api::ContainerState::ContainerRunning as i32
-                })
-                .count()
-                == 1
-        })
-    })
+    let want = app_image.to_string();
+    n.wait_for(
+        60,
+        &format!("one running container per name, {app_image}, one sandbox"),
+        |n| {
+            let want = want.clone();
+            async move {
+                let all = n.containers().await;
+                let running = |name: &str| -> Vec<&api::Container> {
+                    all.iter()
+                        .filter(|c| {
+                            c.labels.get(labels::CONTAINER_NAME).map(String::as_str) == Some(name)
+                                && c.state == api::ContainerState::ContainerRunning as i32
+                        })
+                        .collect()
+                };
+                let app = running("app");
+                app.len() == 1
+                    && running("sidecar").len() == 1
+                    && app[0].image.as_ref().is_some_and(|i| i.image == want)
+                    && n.sandboxes().await.len() == 1
+            }
+        },
+    )
     .await;
-    let app = n.running("app").await;
-    assert_eq!(
-        app[0].image.as_ref().unwrap().image,
-        app_image,
-        "the journal's revision runs\n{}",
-        n.log()
-    );
-    assert_eq!(n.sandboxes().await.len(), 1, "one sandbox");
 }
 
 /// An init container that shares the app's image: both change, in place. The new init
@@ -437,5 +442,43 @@ async fn while_images_pull_the_runtime_keeps_the_pod_and_a_second_request_is_409
     let _ = registry.await;
     let (code, body) = n.http("POST", &n.upgrade_path());
     assert_eq!(code, 409, "{body}");
+    n.clean().await;
+}
+
+/// The runtime goes away in the middle of verifying: the upgrade cannot be observed, but its
+/// deadlines still run (Verifying, then the rollback's), so it ends Failed, saying why. When
+/// the runtime is back, the runtime removes what the upgrade left and runs the old spec:
+/// exactly the revision the journal and the runtime map name runs, in one sandbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_lost_mid_upgrade_ends_failed_and_leaves_one_revision() {
+    let (mut n, mut proxy) = behind_proxy("midcri").await;
+    n.edit_config(|c| c.replace("[upgrade]\n", "[upgrade]\nrollback_timeout_secs = 5\n"));
+    n.rolled_and_offline().await;
+    let (code, body) = n.http("POST", &n.upgrade_path());
+    assert_eq!(code, 200, "{body}");
+    n.wait_state(30, &["Verifying"]).await;
+    proxy.cut();
+    let end = n.wait_state(60, TERMINAL).await;
+    assert_eq!(end["state"], "Failed", "{end}\n{}", n.log());
+    assert!(
+        end["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("container runtime")),
+        "{end}"
+    );
+    proxy.restore();
+    one_revision_runs(&n, "127.0.0.1:5000/busybox:1.0").await;
+    assert!(
+        n.containers()
+            .await
+            .iter()
+            .all(|c| !c.labels.contains_key(labels::UPGRADE_ID)),
+        "nothing of the failed upgrade is left"
+    );
+    assert_eq!(
+        n.need().unwrap()["status"],
+        "True",
+        "the runtime map still says the old revision"
+    );
     n.clean().await;
 }

@@ -227,23 +227,20 @@ async fn step<R: CriRuntime>(
             grace_secs,
             ..
         } => {
-            // All at once, as the kubelet stops a pod's containers: a pod takes one grace
-            // period to stop, not one per container.
-            let stops = containers
-                .iter()
-                .map(|c| async move { ignore_missing(cri.stop_container(c, grace_secs).await) });
-            for stopped in join_all(stops.collect()).await {
-                stopped?;
-            }
-            for c in &containers {
-                ignore_missing(cri.remove_container(c).await)?;
-            }
-            for s in &sandboxes {
-                ignore_missing(cri.stop_pod_sandbox(s).await)?;
-                ignore_missing(cri.remove_pod_sandbox(s).await)?;
-            }
+            stop_and_remove(cri, &sandboxes, &containers, grace_secs).await?;
             out.pods_removed += 1;
             tracing::info!(pod_uid = %out.uid, "pod stopped and removed");
+        }
+        Action::RemoveLeftovers {
+            sandboxes,
+            containers,
+            grace_secs,
+            ..
+        } => {
+            tracing::warn!(pod_uid = %out.uid, sandboxes = ?sandboxes, containers = ?containers,
+                "removing what an upgrade that did not commit left behind, or a second ready sandbox");
+            stop_and_remove(cri, &sandboxes, &containers, grace_secs).await?;
+            out.progressed = true;
         }
         Action::Finalize {
             namespace, name, ..
@@ -265,6 +262,30 @@ async fn step<R: CriRuntime>(
 
 /// Runs the futures together and returns their outputs in order (a pod's few containers: no
 /// dependency for it).
+/// Stops the containers all at once, as the kubelet stops a pod's containers (a pod takes
+/// one grace period to stop, not one per container), then removes them and the sandboxes.
+async fn stop_and_remove<R: CriRuntime>(
+    cri: &R,
+    sandboxes: &[String],
+    containers: &[String],
+    grace_secs: i64,
+) -> Result<(), CriError> {
+    let stops = containers
+        .iter()
+        .map(|c| async move { ignore_missing(cri.stop_container(c, grace_secs).await) });
+    for stopped in join_all(stops.collect()).await {
+        stopped?;
+    }
+    for c in containers {
+        ignore_missing(cri.remove_container(c).await)?;
+    }
+    for s in sandboxes {
+        ignore_missing(cri.stop_pod_sandbox(s).await)?;
+        ignore_missing(cri.remove_pod_sandbox(s).await)?;
+    }
+    Ok(())
+}
+
 async fn join_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
     let mut futures: Vec<_> = futures.into_iter().map(Box::pin).collect();
     let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();

@@ -100,6 +100,9 @@ pub struct Inputs<'a> {
     pub now: Instant,
     /// Sandboxes awaiting their replacement pod (delete-and-adopt).
     pub awaiting: &'a [Awaiting],
+    /// Uids of upgrades that ended without committing (RolledBack, Failed): what they
+    /// created is left over, whatever the engine managed to remove.
+    pub ended_upgrades: &'a HashSet<String>,
 }
 
 /// What to start a pod with: its sandbox, volumes and first containers.
@@ -164,6 +167,14 @@ pub enum Action {
         /// Where httpGet and tcpSocket go when the probe names no host.
         ip: String,
     },
+    /// Stop and remove what an upgrade that did not commit left in a running pod, and the
+    /// older of two ready sandboxes: after it, the pod runs one revision in one sandbox.
+    RemoveLeftovers {
+        uid: String,
+        sandboxes: Vec<String>,
+        containers: Vec<String>,
+        grace_secs: i64,
+    },
     /// Stop and remove sandboxes and their containers.
     KillPod {
         uid: String,
@@ -207,6 +218,7 @@ impl Action {
             | Action::StopContainer { uid, .. }
             | Action::Probe { uid, .. }
             | Action::KillPod { uid, .. }
+            | Action::RemoveLeftovers { uid, .. }
             | Action::Finalize { uid, .. }
             | Action::RemovePodDir { uid }
             | Action::Adopt { uid, .. }
@@ -255,6 +267,12 @@ pub fn decide(inp: &Inputs<'_>) -> Vec<Action> {
         if inp.held.contains(pod.uid()) || pod.obj.index.deleting {
             continue;
         }
+        // Leftovers first, alone: until they are gone, what the pod runs is not what its
+        // spec says (a failed upgrade's container is the newest attempt of its name).
+        if let Some(l) = leftovers(inp, pod.uid(), pod.grace_secs) {
+            out.push(l);
+            continue;
+        }
         match &pod.plan {
             None => {}
             Some(Err(e)) => out.push(blocked(pod, e)),
@@ -275,6 +293,50 @@ pub fn decide(inp: &Inputs<'_>) -> Vec<Action> {
     }
     gone(inp, &mut out);
     out
+}
+
+/// What must go before pod `uid` runs one revision in one sandbox: the sandboxes and
+/// containers of upgrades that ended without committing, and every ready sandbox but the
+/// newest (the kubelet reconciles more than one ready sandbox too).
+fn leftovers(inp: &Inputs<'_>, uid: &str, grace_secs: i64) -> Option<Action> {
+    let obs = inp.snapshot.pod(uid);
+    let ended = |l: &HashMap<String, String>| {
+        l.get(labels::UPGRADE_ID)
+            .is_some_and(|u| inp.ended_upgrades.contains(u))
+    };
+    let newest_ready = obs.ready_sandbox().map(|s| s.id.as_str());
+    let mut sandboxes: Vec<String> = obs
+        .sandboxes()
+        .filter(|s| {
+            ended(&s.labels)
+                || (s.state == api::PodSandboxState::SandboxReady as i32
+                    && Some(s.id.as_str()) != newest_ready)
+        })
+        .map(|s| s.id.clone())
+        .collect();
+    // A failed upgrade's sandbox may be the newest ready one: then the one before it stays.
+    if newest_ready.is_some_and(|n| sandboxes.iter().any(|s| s == n)) {
+        let keep = obs
+            .sandboxes()
+            .filter(|s| s.state == api::PodSandboxState::SandboxReady as i32 && !ended(&s.labels))
+            .max_by_key(|s| s.metadata.as_ref().map(|m| m.attempt).unwrap_or(0))
+            .map(|s| s.id.clone());
+        sandboxes.retain(|s| Some(s) != keep.as_ref());
+    }
+    let containers: Vec<String> = obs
+        .containers()
+        .filter(|c| ended(&c.labels) || sandboxes.contains(&c.pod_sandbox_id))
+        .map(|c| c.id.clone())
+        .collect();
+    if sandboxes.is_empty() && containers.is_empty() {
+        return None;
+    }
+    Some(Action::RemoveLeftovers {
+        uid: uid.to_string(),
+        sandboxes,
+        containers,
+        grace_secs,
+    })
 }
 
 /// The sandbox a new pod should adopt instead of starting its own: one awaiting its

@@ -90,6 +90,7 @@ struct World {
     ready: bool,
     now: Instant,
     awaiting: Vec<Awaiting>,
+    ended: HashSet<String>,
 }
 
 impl World {
@@ -105,6 +106,7 @@ impl World {
             ready: true,
             now: Instant::now(),
             awaiting: Vec::new(),
+            ended: HashSet::new(),
         }
     }
 
@@ -132,6 +134,7 @@ impl World {
             policy: BackoffPolicy::CRASH_LOOP,
             now: self.now,
             awaiting: &self.awaiting,
+            ended_upgrades: &self.ended,
         })
     }
 }
@@ -528,5 +531,104 @@ fn an_unreadable_pod_is_left_running_and_a_blocked_one_says_why() {
             }
         ),
         "{acts:?}"
+    );
+}
+
+#[test]
+fn what_an_upgrade_that_did_not_commit_left_goes_before_anything_else() {
+    let mut w = World::new();
+    w.snap.sandboxes.push(sandbox("sb", "uid-a", true, 0));
+    // The old app was stopped by the swap; the failed upgrade's new one runs.
+    w.snap.containers.push(container(
+        "old",
+        "sb",
+        "uid-a",
+        "app",
+        api::ContainerState::ContainerExited,
+        0,
+    ));
+    let mut new = container(
+        "new",
+        "sb",
+        "uid-a",
+        "app",
+        api::ContainerState::ContainerRunning,
+        1,
+    );
+    new.labels
+        .insert(labels::UPGRADE_ID.to_string(), "u-failed".to_string());
+    w.snap.containers.push(new);
+    w.add(pod_json("a", &["app"]));
+    // An upgrade that committed: its container is the pod's.
+    assert!(!names(&w.decide()).contains(&"RemoveLeftovers:uid-a".to_string()));
+    w.ended.insert("u-failed".into());
+    let acts = w.decide();
+    assert_eq!(names(&acts), ["RemoveLeftovers:uid-a"], "alone, first");
+    let Action::RemoveLeftovers {
+        sandboxes,
+        containers,
+        grace_secs,
+        ..
+    } = &acts[0]
+    else {
+        unreachable!()
+    };
+    assert!(sandboxes.is_empty());
+    assert_eq!(containers, &["new"]);
+    assert_eq!(*grace_secs, 7);
+    // Once it is gone, the old spec's container comes back as after any exit.
+    w.snap.containers.pop();
+    assert!(!names(&w.decide()).contains(&"RemoveLeftovers:uid-a".to_string()));
+    // Held by its upgrade, nothing of it is touched.
+    w.held.insert("uid-a".into());
+    assert!(w.decide().is_empty());
+}
+
+#[test]
+fn of_two_ready_sandboxes_the_older_goes_unless_the_newer_is_a_failed_upgrades() {
+    let mut w = World::new();
+    w.snap.sandboxes.push(sandbox("old", "uid-a", true, 0));
+    w.snap.sandboxes.push(sandbox("new", "uid-a", true, 1));
+    for (id, sb) in [("c-old", "old"), ("c-new", "new")] {
+        w.snap.containers.push(container(
+            id,
+            sb,
+            "uid-a",
+            "app",
+            api::ContainerState::ContainerRunning,
+            0,
+        ));
+    }
+    w.add(pod_json("a", &["app"]));
+    let acts = w.decide();
+    let Action::RemoveLeftovers {
+        sandboxes,
+        containers,
+        ..
+    } = &acts[0]
+    else {
+        panic!("{acts:?}")
+    };
+    assert_eq!(
+        (sandboxes.as_slice(), containers.as_slice()),
+        (&["old".to_string()][..], &["c-old".to_string()][..])
+    );
+    // The newer one is a failed recreate's: it goes, the older one stays.
+    w.snap.sandboxes[1]
+        .labels
+        .insert(labels::UPGRADE_ID.to_string(), "u-failed".to_string());
+    w.ended.insert("u-failed".into());
+    let acts = w.decide();
+    let Action::RemoveLeftovers {
+        sandboxes,
+        containers,
+        ..
+    } = &acts[0]
+    else {
+        panic!("{acts:?}")
+    };
+    assert_eq!(
+        (sandboxes.as_slice(), containers.as_slice()),
+        (&["new".to_string()][..], &["c-new".to_string()][..])
     );
 }

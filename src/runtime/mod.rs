@@ -376,6 +376,7 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
                 .filter(|a| !a.expired)
                 .map(|a| a.label_uid.clone()),
         );
+        let ended_upgrades = self.ended_upgrades(&snapshot)?;
         let actions = decide::decide(&Inputs {
             desired: &desired,
             snapshot: &snapshot,
@@ -390,6 +391,7 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
             policy: self.backoff,
             now,
             awaiting: &awaiting,
+            ended_upgrades: &ended_upgrades,
         });
         self.note_unsynced(&desired, &snapshot, sources_ready, &held, pass);
 
@@ -502,6 +504,26 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
             }
         }
         Ok(())
+    }
+
+    /// The upgrade uids on the snapshot's objects whose upgrades ended without committing.
+    fn ended_upgrades(
+        &self,
+        snapshot: &observe::Snapshot,
+    ) -> Result<HashSet<String>, RuntimeError> {
+        let mut uids: Vec<&str> = snapshot
+            .sandboxes
+            .iter()
+            .map(|s| &s.labels)
+            .chain(snapshot.containers.iter().map(|c| &c.labels))
+            .filter_map(|l| l.get(crate::cri::labels::UPGRADE_ID).map(String::as_str))
+            .collect();
+        if uids.is_empty() {
+            return Ok(HashSet::new());
+        }
+        uids.sort_unstable();
+        uids.dedup();
+        Ok(self.store.ended_without_commit(&uids)?)
     }
 
     /// Sandboxes awaiting their replacement pod, from the runtime map.

@@ -404,6 +404,14 @@ impl Store {
         requests::latest(&self.conn(), kind, namespace, name)
     }
 
+    /// Which of these request uids ended without committing (RolledBack, Failed).
+    pub fn ended_without_commit(
+        &self,
+        uids: &[&str],
+    ) -> Result<std::collections::HashSet<String>, StoreError> {
+        requests::ended_without_commit(&self.conn(), uids)
+    }
+
     /// The pod's active request of `kind`, if one is.
     pub fn active_request(
         &self,

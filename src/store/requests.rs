@@ -234,6 +234,23 @@ pub(super) fn prune(conn: &Connection, pod_uid: &str, kind: &str) -> Result<usiz
     Ok(n)
 }
 
+/// Which of `uids` name requests that ended without committing (RolledBack, Failed).
+pub fn ended_without_commit(
+    conn: &Connection,
+    uids: &[&str],
+) -> Result<std::collections::HashSet<String>, StoreError> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT 1 FROM requests WHERE uid = ?1 AND state IN ('RolledBack', 'Failed')",
+    )?;
+    let mut out = std::collections::HashSet::new();
+    for u in uids {
+        if stmt.exists(params![u])? {
+            out.insert(u.to_string());
+        }
+    }
+    Ok(out)
+}
+
 /// Sets the deadline of request `id` in `state` on this boot's clock (clearing the readiness
 /// mark, which was on the same clock); returns whether the row was still in `state`.
 pub fn set_deadline(
