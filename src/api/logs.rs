@@ -81,7 +81,12 @@ pub fn open(
     let pod_name = format!("{namespace}/{name}");
     let choice = logs::choose_container(&raw, &pod_name, opts.container.as_deref())
         .map_err(|e| reply(&e))?;
-    let dir = logs::pod_log_dir(data_dir(state), &pod.index.uid);
+    let dir = logs::pod_log_dir(data_dir(state), &pod.index.uid).ok_or_else(|| {
+        reply(&LogsError::NotStarted {
+            container: choice.container.clone(),
+            pod: pod_name.clone(),
+        })
+    })?;
     let found = logs::attempts(&dir, &choice.container).map_err(|source| {
         reply(&LogsError::Io {
             dir: dir.clone(),
