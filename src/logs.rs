@@ -18,6 +18,8 @@
 //! any `Read + Seek`, so they are unit-tested without a runtime; the API streams the output
 //! (`src/api/logs.rs`).
 
+pub mod rotate;
+
 use serde_json::Value;
 use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -183,9 +185,20 @@ pub fn choose_container(
     })
 }
 
-/// Where the pod runtime has the CRI write a pod's container logs.
-pub fn pod_log_dir(data_dir: &Path, pod_uid: &str) -> PathBuf {
-    data_dir.join("pods").join(pod_uid).join("logs")
+/// Where the pod runtime has the CRI write a pod's container logs; `None` for a uid that
+/// cannot name a directory (such a pod never ran: see `runtime::desired::pod_dir`).
+pub fn pod_log_dir(data_dir: &Path, pod_uid: &str) -> Option<PathBuf> {
+    crate::names::check_uid(pod_uid).ok()?;
+    Some(data_dir.join("pods").join(pod_uid).join("logs"))
+}
+
+/// The name of a container attempt's log file in its pod's log dir: `<container>_<attempt>.log`.
+/// The name must be a DNS-1123 label (as the apiserver validates container names), so the
+/// file stays in that directory and [`parse_file_name`] reads it back.
+pub fn log_file_name(container: &str, attempt: u32) -> Result<String, String> {
+    crate::names::check_label(container)
+        .map_err(|r| format!("container name {container:?} cannot name a log file: {r}"))?;
+    Ok(format!("{container}_{attempt}.log"))
 }
 
 /// `<container>_<attempt>.log` → (container, attempt). Container names are DNS-1123 labels,
@@ -199,26 +212,61 @@ pub fn parse_file_name(name: &str) -> Option<(&str, u32)> {
     Some((container, attempt.parse().ok()?))
 }
 
-/// The log files of `container` in `dir`, by attempt, oldest first. A missing directory (a
-/// pod that never started) has none.
+/// The log files of `container` in `dir`, by attempt, oldest first: each attempt's current
+/// file (`<container>_<attempt>.log`), also for an attempt whose current file is renamed
+/// away for a moment by a rotation (only `<container>_<attempt>.log.<timestamp>` exists). A
+/// missing directory (a pod that never started) has none.
 pub fn attempts(dir: &Path, container: &str) -> io::Result<Vec<(u32, PathBuf)>> {
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(e),
     };
-    let mut found = Vec::new();
+    let mut found = std::collections::BTreeSet::new();
     for entry in entries {
         let entry = entry?;
         let name = entry.file_name();
-        if let Some((c, attempt)) = name.to_str().and_then(parse_file_name) {
+        if let Some((c, attempt)) = name.to_str().and_then(rotate::parse_any_file_name) {
             if c == container {
-                found.push((attempt, entry.path()));
+                found.insert(attempt);
             }
         }
     }
-    found.sort();
-    Ok(found)
+    Ok(found
+        .into_iter()
+        .map(|a| (a, dir.join(format!("{container}_{a}.log"))))
+        .collect())
+}
+
+/// Opens a container attempt's current log file. In the moment a rotation has renamed it and
+/// the runtime has not reopened it yet, the newest rotated file (uncompressed, the one just
+/// renamed) is opened instead: it holds the latest lines, and a follower moves on to the new
+/// file when it appears.
+pub fn open_current(path: &Path) -> io::Result<std::fs::File> {
+    match std::fs::File::open(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let (Some(dir), Some(name)) =
+                (path.parent(), path.file_name().and_then(|n| n.to_str()))
+            else {
+                return Err(e);
+            };
+            let prefix = format!("{name}.");
+            let newest = std::fs::read_dir(dir)?
+                .filter_map(Result::ok)
+                .filter_map(|e| e.file_name().to_str().map(str::to_string))
+                .filter(|n| {
+                    n.starts_with(&prefix)
+                        && !n.ends_with(rotate::COMPRESSED)
+                        && !n.ends_with(rotate::TEMPORARY)
+                })
+                .max();
+            match newest {
+                Some(n) => std::fs::File::open(dir.join(n)),
+                None => Err(e),
+            }
+        }
+        other => other,
+    }
 }
 
 /// The file to read: the newest attempt, or with `previous` the one before it.
@@ -485,9 +533,27 @@ pub struct LogReader<R> {
 }
 
 impl LogReader<std::fs::File> {
-    /// Opens `path`, positioned for the last `tail` lines (all of them when `None`).
+    /// Opens the current file of the attempt at `path` ([`open_current`]), positioned for the
+    /// last `tail` lines (all of them when `None`).
     pub fn open(path: &Path, tail: Option<u64>) -> io::Result<LogReader<std::fs::File>> {
-        LogReader::new(std::fs::File::open(path)?, tail)
+        LogReader::new(open_current(path)?, tail)
+    }
+
+    /// Whether `path` now names another file than the one being read: a rotation renamed
+    /// this one and the runtime reopened the log. A missing `path` (mid-rotation) is not.
+    pub fn rotated_away(&self, path: &Path) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let (Ok(now), Ok(ours)) = (std::fs::metadata(path), self.file.metadata()) else {
+            return false;
+        };
+        (now.dev(), now.ino()) != (ours.dev(), ours.ino())
+    }
+
+    /// Goes on with the new file at `path`, from its start, keeping the decoder (a line the
+    /// runtime split across the rotation still comes out whole).
+    pub fn follow_to(&mut self, path: &Path) -> io::Result<()> {
+        self.file = std::fs::File::open(path)?;
+        Ok(())
     }
 }
 

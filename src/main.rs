@@ -281,6 +281,17 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
     let engine_task = tokio::spawn(engine.run(shutdown_rx.clone()));
     let runtime_task =
         tokio::spawn(reconciler.run(std::time::Duration::from_secs(10), shutdown_rx.clone()));
+    // No kubelet rotates the containers' logs: edgehub does, as the kubelet would.
+    let logs_task = tokio::spawn(
+        edgehub::logs::rotate::Manager {
+            cri: Arc::new(CriClient::new(&config.cri_socket)),
+            node_name: config.node_name.clone(),
+            data_dir: config.data_dir.clone(),
+            policy: edgehub::logs::rotate::Policy::from_config(&config.logs),
+            interval: config.logs.monitor_interval,
+        }
+        .run(shutdown_rx.clone()),
+    );
     // What the pods reference (ConfigMaps, Secrets, tokens), fetched beside the runtime.
     let sources_task = tokio::spawn(
         edgehub::sources::fetch::Fetcher::new(client.clone(), store.clone())
@@ -331,6 +342,7 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
     }
     let _ = node_task.await;
     let _ = runtime_task.await;
+    let _ = logs_task.await;
     let _ = engine_task.await;
     let _ = sources_task.await;
     let _ = report_task.await;

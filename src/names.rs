@@ -24,6 +24,32 @@ pub fn check_subdomain(s: &str) -> Result<(), String> {
     check_chars(s, true)
 }
 
+/// A pod uid, which names the pod's directory under the data dir (its volumes, Secrets,
+/// tokens and logs) and is removed with it: the apiserver makes uids (UUIDs), but the cache
+/// takes what it is sent, and `..` or `a/b` would put a pod's files, and its cleanup's
+/// `remove_dir_all`, outside its directory. At most 128 characters of letters, digits,
+/// '-', '_' and '.', not starting with '.'.
+pub fn check_uid(s: &str) -> Result<(), String> {
+    if s.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if s.len() > 128 {
+        return Err(format!("must be at most 128 characters (got {})", s.len()));
+    }
+    if let Some((i, c)) = s
+        .char_indices()
+        .find(|(_, c)| !(c.is_ascii_alphanumeric() || "-_.".contains(*c)))
+    {
+        return Err(format!(
+            "invalid character {c:?} at {i}: only letters, digits, '-', '_' and '.' are allowed"
+        ));
+    }
+    if s.starts_with('.') {
+        return Err("must not start with '.'".into());
+    }
+    Ok(())
+}
+
 fn check_chars(s: &str, dots: bool) -> Result<(), String> {
     let ok = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
     for (i, c) in s.chars().enumerate() {
@@ -60,6 +86,33 @@ mod tests {
         }
         for bad in ["", "A", "-a", "a-", "a.b", "a_b", &"a".repeat(64), "ä"] {
             assert!(check_label(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn uids() {
+        for good in [
+            "b6a7f3c2-0d5e-4f8a-9c1b-2e3d4f5a6b7c",
+            "logs-123",
+            "A_b.c",
+            &"a".repeat(128),
+        ] {
+            assert!(check_uid(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "",
+            ".",
+            "..",
+            "../x",
+            "a/b",
+            "/",
+            ".hidden",
+            "a b",
+            "a\0b",
+            "ä",
+            &"a".repeat(129),
+        ] {
+            assert!(check_uid(bad).is_err(), "{bad:?}");
         }
     }
 

@@ -392,6 +392,10 @@ fn volumes(pod: &Value, spec: &Value, ctx: &PodContext) -> Result<Vec<VolumePlan
     for (i, v) in items(spec, "volumes") {
         let name = s(v, "/name").to_string();
         let field = format!("spec.volumes[{i}]");
+        // The name becomes a directory under the pod's volume dir: a DNS-1123 label, as the
+        // apiserver validates it, so `..` or `a/b` never reaches a path.
+        crate::names::check_label(&name)
+            .map_err(|r| unsupported(format!("{field}.name"), format!("{name:?}: {r}")))?;
         let mode_of = |key: &str, default: u32| -> Result<u32, Unsupported> {
             match v.pointer(key) {
                 None | Some(Value::Null) => Ok(default),
@@ -1048,6 +1052,10 @@ fn container(
     if name.is_empty() || image.is_empty() {
         return Err(unsupported(field, "a container needs a name and an image").into());
     }
+    // The name becomes its log file's name (`<name>_<attempt>.log` in the pod's log dir):
+    // a DNS-1123 label, as the apiserver validates it, so it never leaves that directory.
+    crate::names::check_label(&name)
+        .map_err(|r| unsupported(format!("{field}.name"), format!("{name:?}: {r}")))?;
     let pull_policy = match s(c, "/imagePullPolicy") {
         "Always" => PullPolicy::Always,
         "Never" => PullPolicy::Never,

@@ -203,7 +203,10 @@ pub const TOKEN_VOLUME_PREFIX: &str = "kube-api-access-";
 /// is done when `new_name` exists or the old volume is not exactly one.
 pub fn link_adopted_token_volume(volume_dir: &Path, new_name: &str) -> std::io::Result<bool> {
     let projected = volume_dir.join("projected");
+    // The name comes from the cached pod: a DNS-1123 label, or no link (`..` would put it
+    // outside the pod's directory).
     if !new_name.starts_with(TOKEN_VOLUME_PREFIX)
+        || crate::names::check_label(new_name).is_err()
         || std::fs::symlink_metadata(projected.join(new_name)).is_ok()
     {
         return Ok(false);
@@ -423,6 +426,9 @@ mod tests {
         std::fs::create_dir_all(projected.join("kube-api-access-old")).unwrap();
         std::fs::create_dir_all(projected.join("other")).unwrap();
         assert!(!link_adopted_token_volume(dir.path(), "other-new").unwrap());
+        // A name from the cached pod that climbs out of the pod's directory links nothing.
+        assert!(!link_adopted_token_volume(dir.path(), "kube-api-access-/../../escape").unwrap());
+        assert!(!dir.path().parent().unwrap().join("escape").exists());
         assert!(link_adopted_token_volume(dir.path(), "kube-api-access-new").unwrap());
         assert!(
             !link_adopted_token_volume(dir.path(), "kube-api-access-new").unwrap(),

@@ -94,6 +94,35 @@ fn output(mut c: Command) -> (bool, String) {
     )
 }
 
+/// Removes a node's sandboxes from the shared containerd when dropped, so a failing
+/// assertion does not leave the test's pods running.
+struct NodeCleanup {
+    socket: PathBuf,
+    node: String,
+}
+
+impl Drop for NodeCleanup {
+    fn drop(&mut self) {
+        let (socket, node) = (self.socket.clone(), self.node.clone());
+        let t = std::thread::spawn(move || {
+            use edgehub::cri::{labels, CriClient, CriRuntime};
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let c = CriClient::new(&socket);
+                let mine = std::collections::HashMap::from([(labels::NODE.to_string(), node)]);
+                for sb in c.list_pod_sandbox(mine).await.unwrap_or_default() {
+                    let _ = c.stop_pod_sandbox(&sb.id).await;
+                    let _ = c.remove_pod_sandbox(&sb.id).await;
+                }
+            });
+        });
+        let _ = t.join();
+    }
+}
+
 /// A child killed when dropped, so a failing assertion does not leave it running.
 struct Running(Child);
 
@@ -933,4 +962,154 @@ async fn an_empty_cache_offline_stops_nothing_and_the_list_adopts_what_it_confir
         let _ = c.stop_pod_sandbox(&sb.id).await;
         let _ = c.remove_pod_sandbox(&sb.id).await;
     }
+}
+
+/// Names that become paths are checked: a pod uid of `..` (its directory would be the data
+/// dir, and its cleanup after a delete would remove everything edgehub has), a volume name
+/// and a container name that climb out of the pod's directory. Each such pod is refused with
+/// the reason in its status and never touches the disk; the cache still holds it as sent.
+// Multi-threaded: the test blocks reading edgehub's stderr while the fake apiserver serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_that_would_escape_the_pod_directory_are_refused_and_never_touch_the_disk() {
+    use edgehub::cri::{labels, CriClient, CriRuntime};
+    use std::collections::HashMap;
+    let env = Env::new().await;
+    let socket = common::cri_stack();
+    let node = format!("edge-names-{}", std::process::id());
+    let pod = |name: &str, uid: &str, volume: &str, container: &str| {
+        serde_json::json!({
+            "metadata": {"name": name, "namespace": "vehicle", "uid": uid},
+            "spec": {"nodeName": node, "hostNetwork": true, "automountServiceAccountToken": false,
+                "terminationGracePeriodSeconds": 0,
+                "volumes": [{"name": volume, "emptyDir": {}}],
+                "containers": [{"name": container, "image": "127.0.0.1:5000/busybox:1.0",
+                    "imagePullPolicy": "IfNotPresent",
+                    "volumeMounts": [{"name": volume, "mountPath": "/data"}]}]}
+        })
+    };
+    let tag = std::process::id();
+    env.server.apply("pods", pod("dotdot", "..", "data", "app"));
+    env.server.apply(
+        "pods",
+        pod(
+            "badvol",
+            &format!("badvol-{tag}"),
+            "../../../../escape",
+            "app",
+        ),
+    );
+    env.server.apply(
+        "pods",
+        pod(
+            "badname",
+            &format!("badname-{tag}"),
+            "data",
+            "../../../evil",
+        ),
+    );
+    // The node's own identity: its status patches go through the Node authorizer.
+    let token = format!("{node}-token");
+    env.server.add_token(&token, &format!("system:node:{node}"));
+    let kc = env
+        .server
+        .write_kubeconfig(&env.dir.path().join("kube-names"), &token)
+        .unwrap();
+    let text: String = std::fs::read_to_string(&env.config)
+        .unwrap()
+        .lines()
+        .map(|l| match l {
+            "node_name = \"edge-1\"" => format!(
+                "node_name = \"{node}\"\ncri_socket = \"{}\"\n",
+                socket.display()
+            ),
+            l if l.starts_with("kubeconfig = ") => format!("kubeconfig = \"{}\"\n", kc.display()),
+            l => format!("{l}\n"),
+        })
+        .collect();
+    std::fs::write(&env.config, &text).unwrap();
+    let data = env.db().parent().unwrap().to_path_buf();
+    let _cleanup = NodeCleanup {
+        socket: socket.clone(),
+        node: node.clone(),
+    };
+    let mut child = Running(
+        env.cmd(&["--log", "info,edgehub::runtime=debug", "run"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let lines = stderr_lines(&mut child.0);
+
+    // Each is refused with the field and the reason in its status (as the apiserver has it).
+    for (name, field) in [
+        ("dotdot", "metadata.uid"),
+        ("badvol", "spec.volumes[0].name"),
+        ("badname", "spec.containers[0].name"),
+    ] {
+        wait_until(30, &format!("{name} is refused in its status"), || {
+            env.server
+                .get("pods", "vehicle", name)
+                .and_then(|p| p["status"]["conditions"].as_array().cloned())
+                .is_some_and(|cs| {
+                    cs.iter().any(|c| {
+                        c["reason"] == "UnsupportedField"
+                            && c["message"].as_str().is_some_and(|m| m.contains(field))
+                    })
+                })
+        })
+        .await;
+    }
+    assert_eq!(
+        env.pods_in_db(),
+        3,
+        "the cache holds them as the server sent them"
+    );
+    // Nothing of them reached the runtime or the disk outside pods/.
+    let c = CriClient::new(&socket);
+    let mine = HashMap::from([(labels::NODE.to_string(), node.clone())]);
+    assert!(c.list_pod_sandbox(mine).await.unwrap().is_empty());
+    let mut top: Vec<String> = std::fs::read_dir(&data)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with("edgehub.db"))
+        .collect();
+    top.sort();
+    assert!(top.is_empty() || top == ["pods"], "{top:?}");
+
+    // The operator deletes the `..` pod: edgehub finishes the delete on the apiserver, and
+    // the cleanup that follows does not remove the data dir.
+    let (code, _) = env
+        .server
+        .raw(
+            Some(edgehub_testsupport::ADMIN_TOKEN),
+            "DELETE",
+            "/api/v1/namespaces/vehicle/pods/dotdot",
+            Some("application/json"),
+            Some(&serde_json::json!({"gracePeriodSeconds": 1})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(code, 200);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let cleanup = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let line = lines
+            .recv_timeout(left)
+            .expect("the deleted pod's cleanup is logged");
+        if line.contains("pod_uid=..")
+            && (line.contains("pod directory removed") || line.contains("not removing"))
+        {
+            break line;
+        }
+    };
+    assert!(cleanup.contains("not removing a directory"), "{cleanup}");
+    assert!(
+        env.server.get("pods", "vehicle", "dotdot").is_none(),
+        "deletion finished"
+    );
+    assert!(
+        env.db().exists(),
+        "the data dir and its database are still there"
+    );
 }

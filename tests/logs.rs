@@ -33,6 +33,12 @@ struct Env {
 
 impl Env {
     async fn new() -> Env {
+        Env::for_node("logs").await
+    }
+
+    /// A node of its own per test: tests run at once, and an edgehub removes the sandboxes of
+    /// its node that its cache does not have.
+    async fn for_node(tag: &str) -> Env {
         let socket = common::cri_stack();
         let server = FakeApiServer::start().await.unwrap();
         let dir = tempfile::tempdir().unwrap();
@@ -40,7 +46,7 @@ impl Env {
             .write_kubeconfig(&dir.path().join("kube"), NODE_TOKEN)
             .unwrap();
         // A node of its own: tests share one containerd.
-        let node = format!("edge-logs-{}", std::process::id());
+        let node = format!("edge-{tag}-{}", std::process::id());
         let addr = free_addr();
         let config = dir.path().join("config.toml");
         std::fs::write(
@@ -378,4 +384,221 @@ async fn edgehub_logs_reads_a_real_containers_cri_logs() {
         assert!(Instant::now() < deadline, "-f ends once the pod is deleted");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// A pod whose `chatty` container prints numbered lines fast (about 200 a second, 100 bytes
+/// each), and whose `restarts` container prints its run and exits, so the runtime restarts it
+/// after its crash-loop backoff (10 s, then 20 s).
+fn chatty_pod(node: &str) -> serde_json::Value {
+    let pad = "x".repeat(80);
+    json!({
+        "metadata": {"name": "chatty", "namespace": NS, "uid": format!("rot-{}", std::process::id()), "resourceVersion": "1"},
+        "spec": {
+            "nodeName": node,
+            "hostNetwork": true,
+            "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {"name": "chatty", "image": "127.0.0.1:5000/busybox:1.0", "imagePullPolicy": "IfNotPresent",
+                 "command": ["sh", "-c", format!("i=0; while true; do for j in 1 2 3 4 5 6 7 8 9 10; do i=$((i+1)); echo \"seq $i {pad}\"; done; sleep 0.05; done")]},
+                {"name": "restarts", "image": "127.0.0.1:5000/busybox:1.0", "imagePullPolicy": "IfNotPresent",
+                 "command": ["sh", "-c", "echo started; sleep 0.5; exit 1"]}
+            ]
+        },
+        "status": {"phase": "Pending"}
+    })
+}
+
+fn seq(line: &str) -> u64 {
+    line.strip_prefix("seq ")
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("not a seq line: {line:.60}"))
+}
+
+/// The files in the pod's log dir, with their sizes.
+fn log_files(dir: &std::path::Path) -> Vec<(String, u64)> {
+    let mut v: Vec<(String, u64)> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(Result::ok)
+                .map(|e| {
+                    (
+                        e.file_name().to_string_lossy().into_owned(),
+                        e.metadata().map(|m| m.len()).unwrap_or(0),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Logs are rotated as the kubelet rotates them (here: at 16 KiB, 3 files kept, checked every
+/// second), `edgehub logs` and `-f` keep working across rotations, and old attempts' logs go.
+#[tokio::test]
+async fn a_chatty_containers_log_is_rotated_and_old_attempts_are_removed() {
+    let mut env = Env::for_node("rot").await;
+    let text = std::fs::read_to_string(&env.config).unwrap();
+    std::fs::write(
+        &env.config,
+        format!("{text}[logs]\nmax_size_kib = 16\nmax_files = 3\nmonitor_interval_secs = 1\n"),
+    )
+    .unwrap();
+    env.server.apply("pods", chatty_pod(&env.node));
+    let run = env
+        .cmd(&["run"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    env.run = Some(run);
+    let target = format!("{NS}/chatty");
+    let dir = env
+        .dir
+        .path()
+        .join(format!("data/pods/rot-{}/logs", std::process::id()));
+    let chatty = |files: &[(String, u64)]| -> Vec<(String, u64)> {
+        files
+            .iter()
+            .filter(|(n, _)| n.starts_with("chatty_0.log"))
+            .cloned()
+            .collect()
+    };
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !log_files(&dir).iter().any(|(n, _)| n == "chatty_0.log") {
+        assert!(Instant::now() < deadline, "the container logs");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // -f from here on: it must go on across the rotations, every line once, in order.
+    let before: std::collections::BTreeSet<String> = chatty(&log_files(&dir))
+        .into_iter()
+        .map(|(n, _)| n.trim_end_matches(".gz").to_string())
+        .collect();
+    let mut follow = env
+        .cmd(&["logs", &target, "-c", "chatty", "-f"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let rx = lines_of(&mut follow);
+
+    // Rotated three more times: the newest rotated file stays as written, older ones are
+    // gzipped, and never more than 3 files.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut rotated_names = before.clone();
+    loop {
+        let files = chatty(&log_files(&dir));
+        assert!(files.len() <= 3, "at most max_files files: {files:?}");
+        for (n, _) in &files {
+            if n != "chatty_0.log" {
+                rotated_names.insert(n.trim_end_matches(".gz").to_string());
+            }
+        }
+        if rotated_names.len() >= before.len() + 3 + usize::from(before.contains("chatty_0.log")) {
+            let plain: Vec<_> = files
+                .iter()
+                .filter(|(n, _)| n != "chatty_0.log" && !n.ends_with(".gz"))
+                .collect();
+            let gz: Vec<_> = files.iter().filter(|(n, _)| n.ends_with(".gz")).collect();
+            assert_eq!(
+                plain.len(),
+                1,
+                "the newest rotated file is not compressed: {files:?}"
+            );
+            assert!(plain[0].1 >= 16 << 10, "rotated at 16 KiB: {files:?}");
+            assert_eq!(gz.len(), 1, "older ones are: {files:?}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the log is rotated three times; files: {:?}",
+            log_files(&dir)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The follow saw every line once, in order, across those rotations, up to a line written
+    // after them.
+    // (Right after a rotation the new file may be empty for a moment: wait for a line.)
+    let out = env
+        .logs_until(
+            10,
+            "a line in the current file",
+            &[&target, "-c", "chatty", "--tail", "1"],
+            |o| !o.trim().is_empty(),
+        )
+        .await;
+    let upto = seq(out.trim());
+    let next_line = |rx: &mpsc::Receiver<String>, follow: &mut Child| match rx
+        .recv_timeout(Duration::from_secs(10))
+    {
+        Ok(l) => l,
+        Err(e) => {
+            let mut err = String::new();
+            if let Some(mut s) = follow.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut s, &mut err);
+            }
+            panic!("the follow stopped ({e:?}; {:?}): {err}", follow.try_wait());
+        }
+    };
+    let mut last = seq(&next_line(&rx, &mut follow));
+    while last < upto {
+        let next = seq(&next_line(&rx, &mut follow));
+        assert_eq!(
+            next,
+            last + 1,
+            "every line once, in order, across rotations"
+        );
+        last = next;
+    }
+    assert!(follow.try_wait().unwrap().is_none(), "still following");
+    follow.kill().unwrap();
+    follow.wait().unwrap();
+
+    // Without -f: the lines since the last rotation, whole and in order; --tail too.
+    let out = env
+        .logs_until(
+            10,
+            "lines in the current file",
+            &[&target, "-c", "chatty"],
+            |o| o.lines().count() >= 5,
+        )
+        .await;
+    let got: Vec<u64> = out.lines().map(seq).collect();
+    assert!(got.windows(2).all(|w| w[1] == w[0] + 1), "{out:.300}");
+    assert!(got[0] > 1, "the current file starts after the rotated ones");
+    let out = env
+        .logs_until(
+            10,
+            "five lines",
+            &[&target, "-c", "chatty", "--tail", "5"],
+            |o| o.lines().count() == 5,
+        )
+        .await;
+    let got: Vec<u64> = out.lines().map(seq).collect();
+    assert!(got.windows(2).all(|w| w[1] == w[0] + 1), "{out}");
+
+    // The restarting container: once its third attempt runs, the first attempt's log is
+    // gone, and the second's is kept for --previous.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let names: Vec<String> = log_files(&dir).into_iter().map(|(n, _)| n).collect();
+        let has = |a: u32| {
+            names
+                .iter()
+                .any(|n| n.starts_with(&format!("restarts_{a}.log")))
+        };
+        if has(2) && has(1) && !has(0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the first attempt's log is removed once the third runs: {names:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (ok, out, err) = env.logs(&[&target, "-c", "restarts", "--previous"]);
+    assert!(ok && out == "started\n", "{out} {err}");
 }

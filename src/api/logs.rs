@@ -81,7 +81,12 @@ pub fn open(
     let pod_name = format!("{namespace}/{name}");
     let choice = logs::choose_container(&raw, &pod_name, opts.container.as_deref())
         .map_err(|e| reply(&e))?;
-    let dir = logs::pod_log_dir(data_dir(state), &pod.index.uid);
+    let dir = logs::pod_log_dir(data_dir(state), &pod.index.uid).ok_or_else(|| {
+        reply(&LogsError::NotStarted {
+            container: choice.container.clone(),
+            pod: pod_name.clone(),
+        })
+    })?;
     let found = logs::attempts(&dir, &choice.container).map_err(|source| {
         reply(&LogsError::Io {
             dir: dir.clone(),
@@ -129,12 +134,14 @@ impl LogStream {
     }
 
     /// Whether there is nothing more to wait for, as `kubectl logs -f` ends when its
-    /// container stops: the container was replaced (a newer attempt's file exists), its file
-    /// was removed, or the pod left the cache (deleted, or replaced by one of another uid).
-    /// A container that stops for good without a restart is not seen here (the API has no
-    /// view of container states); the client ends such a follow.
+    /// container stops: the container was replaced (a newer attempt's file exists), its
+    /// pod's log directory was removed, or the pod left the cache (deleted, or replaced by
+    /// one of another uid). A missing file alone is not the end: a rotation renames it for
+    /// the moment until the runtime reopens it. A container that stops for good without a
+    /// restart is not seen here (the API has no view of container states); the client ends
+    /// such a follow.
     fn superseded(&self) -> bool {
-        if !self.path.exists() {
+        if !self.dir.exists() {
             return true;
         }
         let replaced = logs::attempts(&self.dir, &self.choice.container)
@@ -158,10 +165,21 @@ async fn pump(mut log: LogStream, tx: mpsc::Sender<Bytes>) {
     loop {
         let job = tokio::task::spawn_blocking(move || {
             let mut out = Vec::new();
-            let step: Step = log.reader.read_some(&mut out).map(|n| {
+            let step: Step = (|| {
+                let mut n = log.reader.read_some(&mut out)?;
+                // At the end of a followed file that a rotation renamed away: what the
+                // runtime wrote before it reopened the log is read to the end (it writes
+                // nothing more there), then the new file from its start.
+                if n == 0 && log.follow && log.reader.rotated_away(&log.path) {
+                    while log.reader.read_some(&mut out)? > 0 {}
+                    log.reader.follow_to(&log.path)?;
+                    n = log.reader.read_some(&mut out)?;
+                    // Bytes from the old file count as progress too: keep reading.
+                    n = n.max(usize::from(!out.is_empty()));
+                }
                 let superseded = n == 0 && log.follow && log.superseded();
-                (out, n, superseded)
-            });
+                Ok((out, n, superseded))
+            })();
             (log, step)
         });
         let step;

@@ -382,6 +382,18 @@ impl CriRuntime for CriClient {
             .containers)
     }
 
+    async fn reopen_container_log(&self, id: &str) -> Result<(), CriError> {
+        let mut c = self.runtime.clone();
+        let msg = api::ReopenContainerLogRequest {
+            container_id: id.to_string(),
+        };
+        self.call("ReopenContainerLog", CALL, || {
+            c.reopen_container_log(req(msg, CALL))
+        })
+        .await?;
+        Ok(())
+    }
+
     async fn exec_sync(
         &self,
         id: &str,

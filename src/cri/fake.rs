@@ -238,6 +238,14 @@ impl CriRuntime for FakeCri {
             .collect())
     }
 
+    async fn reopen_container_log(&self, id: &str) -> Result<(), CriError> {
+        self.lock()
+            .containers
+            .get(id)
+            .map(|_| ())
+            .ok_or_else(|| not_found("ReopenContainerLog", id))
+    }
+
     async fn exec_sync(
         &self,
         _id: &str,

@@ -128,4 +128,7 @@ pub trait CriRuntime: Send + Sync {
         cmd: Vec<String>,
         timeout: Duration,
     ) -> impl Future<Output = Result<api::ExecSyncResponse, CriError>> + Send;
+    /// Has the runtime reopen a running container's log file: after a rotation renamed it,
+    /// the runtime writes to a new file at the log path.
+    fn reopen_container_log(&self, id: &str) -> impl Future<Output = Result<(), CriError>> + Send;
 }

@@ -363,7 +363,27 @@ fn attempts_are_found_and_the_newest_or_previous_picked() {
         Err(LogsError::NotStarted { .. })
     ));
     assert_eq!(
-        pod_log_dir(Path::new("/var/lib/edgehub"), "u-1"),
-        Path::new("/var/lib/edgehub/pods/u-1/logs")
+        pod_log_dir(Path::new("/var/lib/edgehub"), "u-1").as_deref(),
+        Some(Path::new("/var/lib/edgehub/pods/u-1/logs"))
     );
+}
+
+#[test]
+fn log_paths_come_only_from_names_that_stay_in_their_directory() {
+    assert_eq!(log_file_name("app", 3).unwrap(), "app_3.log");
+    assert_eq!(
+        parse_file_name(&log_file_name("app", 3).unwrap()),
+        Some(("app", 3))
+    );
+    for bad in ["../../../evil", "a/b", "..", "", "App"] {
+        assert!(log_file_name(bad, 0).is_err(), "{bad:?}");
+    }
+    let data = Path::new("/var/lib/edgehub");
+    assert_eq!(
+        pod_log_dir(data, "b6a7f3c2-0d5e"),
+        Some(PathBuf::from("/var/lib/edgehub/pods/b6a7f3c2-0d5e/logs"))
+    );
+    for bad in ["..", ".", "a/b", "", "../x"] {
+        assert_eq!(pod_log_dir(data, bad), None, "{bad:?}");
+    }
 }

@@ -652,3 +652,46 @@ fn probes_take_the_api_defaults_and_named_ports() {
         assert_eq!(unsupported_field(translate(&p, &ctx()).unwrap_err()), field);
     }
 }
+
+#[test]
+fn volume_and_container_names_that_are_not_labels_never_become_paths() {
+    let base = json!({
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u"},
+        "spec": {
+            "volumes": [{"name": "data", "emptyDir": {}}],
+            "containers": [{"name": "app", "image": "busybox:1.0",
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+            "initContainers": [{"name": "init", "image": "busybox:1.0"}]
+        }
+    });
+    assert!(translate(&base, &ctx()).is_ok());
+    for (path, bad, field) in [
+        (
+            "/spec/volumes/0/name",
+            "../../../../escape",
+            "spec.volumes[0].name",
+        ),
+        ("/spec/volumes/0/name", "a/b", "spec.volumes[0].name"),
+        ("/spec/volumes/0/name", "..", "spec.volumes[0].name"),
+        (
+            "/spec/containers/0/name",
+            "../../../evil",
+            "spec.containers[0].name",
+        ),
+        ("/spec/containers/0/name", "a/b", "spec.containers[0].name"),
+        (
+            "/spec/initContainers/0/name",
+            "..",
+            "spec.initContainers[0].name",
+        ),
+    ] {
+        let mut p = base.clone();
+        *p.pointer_mut(path).unwrap() = json!(bad);
+        if path.starts_with("/spec/volumes") {
+            p["spec"]["containers"][0]["volumeMounts"][0]["name"] = json!(bad);
+        }
+        let e = translate(&p, &ctx()).unwrap_err();
+        assert_eq!(unsupported_field(e.clone()), field, "{bad}: {e}");
+        assert!(e.to_string().contains(&format!("{bad:?}")), "{e}");
+    }
+}

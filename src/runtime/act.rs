@@ -310,7 +310,14 @@ async fn join_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
 }
 
 fn remove_pod_dir<R>(env: &Env<R>, uid: &str) {
-    let dir = pod_dir(&env.data_dir, uid);
+    let dir = match pod_dir(&env.data_dir, uid) {
+        Ok(d) => d,
+        Err(e) => {
+            // Such a pod was refused before anything of it reached the disk.
+            tracing::warn!(pod_uid = %uid, error = %e, "not removing a directory for this pod");
+            return;
+        }
+    };
     match crate::volumes::remove_pod_dir(&dir) {
         Ok(()) => tracing::info!(pod_uid = %uid, "pod directory removed"),
         Err(e) => {
@@ -403,7 +410,12 @@ pub async fn create_and_start<R: CriRuntime>(
     if let Some(m) = cfg.metadata.as_mut() {
         m.attempt = attempt;
     }
-    cfg.log_path = format!("{}_{attempt}.log", c.name);
+    cfg.log_path =
+        crate::logs::log_file_name(&c.name, attempt).map_err(|reason| CriError::Call {
+            method: "CreateContainer",
+            code: "InvalidArgument".into(),
+            message: reason,
+        })?;
     let id = cri
         .create_container(sandbox_id, cfg, sandbox_config.clone())
         .await?;

@@ -5,16 +5,30 @@
 use super::decide::DesiredPod;
 use super::observe::Snapshot;
 use crate::object::Kind;
-use crate::podspec::{self, PodContext};
+use crate::podspec::{self, PlanError, PodContext, Unsupported};
 use crate::sources::fetch;
 use crate::store::{RunningRevision, Store, StoreError, StoredObject};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::Path;
 
-/// Where the runtime keeps a pod's files: `<data_dir>/pods/<uid>`.
-pub fn pod_dir(data_dir: &Path, uid: &str) -> std::path::PathBuf {
-    data_dir.join("pods").join(uid)
+/// A pod uid that cannot name a directory (see [`crate::names::check_uid`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("pod uid {uid:?} cannot name the pod's directory: {reason}")]
+pub struct BadUid {
+    pub uid: String,
+    pub reason: String,
+}
+
+/// Where the runtime keeps a pod's files: `<data_dir>/pods/<uid>`. The uid is checked first:
+/// a uid of `..` would make the pod's directory the data dir itself, and its cleanup remove
+/// everything edgehub has.
+pub fn pod_dir(data_dir: &Path, uid: &str) -> Result<std::path::PathBuf, BadUid> {
+    crate::names::check_uid(uid).map_err(|reason| BadUid {
+        uid: uid.to_string(),
+        reason,
+    })?;
+    Ok(data_dir.join("pods").join(uid))
 }
 
 /// The grace period a pod is stopped with.
@@ -47,7 +61,14 @@ pub fn context(
     pod_ip: Option<String>,
     dir_uid: Option<&str>,
 ) -> Result<PodContext, StoreError> {
-    let dir = pod_dir(place.data_dir, dir_uid.unwrap_or(&obj.index.uid));
+    let dir = pod_dir(place.data_dir, dir_uid.unwrap_or(&obj.index.uid)).map_err(|e| {
+        StoreError::BadObject {
+            kind: "Pod",
+            namespace: obj.index.namespace.clone(),
+            name: obj.index.name.clone(),
+            reason: e.to_string(),
+        }
+    })?;
     Ok(PodContext {
         node_name: place.node_name.to_string(),
         host_ip: place.host_ip.map(str::to_string),
@@ -135,6 +156,22 @@ pub fn read(
             continue;
         }
         let uid = obj.index.uid.clone();
+        // A uid that cannot name a directory: refused with the reason in its status, and
+        // nothing of it ever touches the disk (the cache still holds it as the server sent it).
+        let dir_uid = dirs.get(uid.as_str()).copied();
+        if let Err(e) = pod_dir(data_dir, dir_uid.unwrap_or(&uid)) {
+            out.push(DesiredPod {
+                obj,
+                grace_secs,
+                plan: Some(Err(PlanError::Unsupported(Unsupported {
+                    field: "metadata.uid".into(),
+                    reason: e.to_string(),
+                }))),
+                ctx: None,
+                status,
+            });
+            continue;
+        }
         let obs = snapshot.pod(&uid);
         let host_network = parsed
             .pointer("/spec/hostNetwork")
@@ -155,7 +192,7 @@ pub fn read(
             &parsed,
             obs.next_sandbox_attempt(),
             pod_ip,
-            dirs.get(uid.as_str()).copied(),
+            dir_uid,
         )?;
         let plan = podspec::translate(&parsed, &ctx);
         out.push(DesiredPod {
@@ -167,4 +204,23 @@ pub fn read(
         });
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pod_dir_is_always_inside_the_pods_directory() {
+        let data = Path::new("/var/lib/edgehub");
+        assert_eq!(
+            pod_dir(data, "b6a7f3c2-0d5e-4f8a").unwrap(),
+            Path::new("/var/lib/edgehub/pods/b6a7f3c2-0d5e-4f8a")
+        );
+        // `..` was the data dir itself, which Finalize then removed.
+        for bad in ["..", ".", "", "../x", "a/b", "/etc", ".hidden"] {
+            let e = pod_dir(data, bad).unwrap_err();
+            assert_eq!(e.uid, bad);
+        }
+    }
 }

@@ -738,7 +738,10 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
             .flatten()
             .filter(|v| v.get("projected").is_some())
             .filter_map(|v| v["name"].as_str());
-        let volumes = desired::pod_dir(&self.data_dir, label_uid).join("volumes");
+        let Ok(dir) = desired::pod_dir(&self.data_dir, label_uid) else {
+            return;
+        };
+        let volumes = dir.join("volumes");
         for name in names {
             match crate::volumes::link_adopted_token_volume(&volumes, name) {
                 Ok(true) => tracing::info!(pod = %pod.obj.index.name, volume = name,
