@@ -571,3 +571,219 @@ async fn an_event_whose_create_answer_was_lost_is_counted_once() {
     assert_eq!(event_reads(&n), 0, "a node never reads Events");
     n.clean().await;
 }
+
+/// Appends `line` to the config's last table, `[report]`.
+fn report_config(n: &edge::Node, line: &str) {
+    let mut config = std::fs::read_to_string(&n.config).unwrap();
+    assert!(
+        config.trim_end().ends_with("retry_max_secs = 4"),
+        "{config}"
+    );
+    config.push_str(line);
+    config.push('\n');
+    std::fs::write(&n.config, config).unwrap();
+}
+
+/// The pod object's DELETE lands, its answer is lost, and the link stays down from that
+/// moment, before any watch could tell of the deletion, for longer than the adopt timeout.
+/// The sandbox still awaits its replacement (an answer that never came is not a refusal),
+/// and the adopt timeout counts from when the deletion was seen, not from the DELETE: when
+/// the link returns, the replacement adopts the upgraded container and nothing restarts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_delete_answer_and_a_long_outage_still_end_in_adoption() {
+    let mut n = node("lostdelete").await;
+    let adopt_timeout = Duration::from_secs(6);
+    report_config(
+        &n,
+        &format!("adopt_timeout_secs = {}", adopt_timeout.as_secs()),
+    );
+    n.rolled_and_offline().await;
+    let (code, body) = n.http("POST", &n.upgrade_path());
+    assert_eq!(code, 200, "{body}");
+    let end = n.wait_state(60, &["Done", "RolledBack", "Failed"]).await;
+    assert_eq!(end["state"], "Done", "{end}");
+    let app = running_any(&n, "app").await;
+    assert_eq!(app.len(), 1);
+    let app_id = app[0].id.clone();
+    let started = n
+        .cri
+        .container_status(&app_id)
+        .await
+        .unwrap()
+        .unwrap()
+        .started_at;
+
+    n.server
+        .lose_next_answer_and_stall("DELETE", &["/pods/telemetry-sv74m"]);
+    n.server.set_offline(false).await.unwrap();
+    n.wait_for(60, "the DELETE lands, unanswered", |n| async move {
+        n.server
+            .count(|r| r.method == "DELETE" && r.answer_lost && r.status == 200)
+            == 1
+    })
+    .await;
+    let landed = n
+        .server
+        .requests()
+        .iter()
+        .find(|r| r.method == "DELETE" && r.answer_lost)
+        .map(|r| r.at)
+        .unwrap();
+    // The scenario's outage: the link stays down for longer than the adopt timeout. (Time
+    // passing is the precondition here, not the assertion.)
+    tokio::time::sleep_until((landed + adopt_timeout + Duration::from_secs(3)).into()).await;
+    assert!(
+        cached_pod(&n, "telemetry-sv74m").is_some(),
+        "no watch told edgehub of the deletion during the outage"
+    );
+    // Meanwhile the DaemonSet controller replaced the pod; the link returns.
+    replace_when_deleted(&n);
+    n.server.stall(false);
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let reported = n
+            .server
+            .get("pods", "vehicle", "telemetry-x7k2p")
+            .and_then(|p| {
+                p["status"]["containerStatuses"]
+                    .as_array()?
+                    .iter()
+                    .find(|c| c["name"] == "app")
+                    .cloned()
+            })
+            .unwrap_or(Value::Null);
+        if reported["containerID"] == format!("containerd://{app_id}").as_str()
+            && reported["ready"] == true
+        {
+            break;
+        }
+        let running: Vec<String> = running_any(&n, "app")
+            .await
+            .iter()
+            .map(|c| format!("{} {:?}", c.id, c.labels))
+            .collect();
+        assert!(
+            Instant::now() < deadline,
+            "the replacement did not adopt {app_id}: it reports {reported}\nrunning: {running:#?}\n{}",
+            n.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let now = running_any(&n, "app").await;
+    assert_eq!(now.len(), 1, "one revision runs");
+    assert_eq!(now[0].id, app_id, "nothing restarted");
+    let started_now = n
+        .cri
+        .container_status(&app_id)
+        .await
+        .unwrap()
+        .unwrap()
+        .started_at;
+    assert_eq!(started_now, started, "same start time");
+    n.clean().await;
+}
+
+/// The operator rolls on while the revision is reported: the pod object is deleted, and the
+/// DaemonSet controller's replacement comes at a third revision. The upgraded sandbox can
+/// never be adopted, so it is stopped at once, not after the adopt timeout (600 s), and the
+/// replacement runs alone at its own revision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replacement_at_another_revision_stops_the_upgraded_sandbox_at_once() {
+    let mut n = node("otherhash").await;
+    n.rolled_and_offline().await;
+    let (code, body) = n.http("POST", &n.upgrade_path());
+    assert_eq!(code, 200, "{body}");
+    let end = n.wait_state(60, &["Done", "RolledBack", "Failed"]).await;
+    assert_eq!(end["state"], "Done", "{end}");
+    n.server.set_offline(false).await.unwrap();
+    n.wait_for(60, "edgehub deletes the pod object", |n| async move {
+        n.server.get("pods", "vehicle", "telemetry-sv74m").is_none()
+    })
+    .await;
+    // Back to the old image, under a revision of its own.
+    let hash = edge::third_revision(&n.server, "127.0.0.1:5000/busybox:1.0");
+    let ds = n.server.get("daemonsets", "vehicle", "telemetry").unwrap();
+    let cr = n
+        .server
+        .get(
+            "controllerrevisions",
+            "vehicle",
+            &format!("telemetry-{hash}"),
+        )
+        .unwrap();
+    let replacement = n.server.apply("pods", pod_for(&ds, &cr, &n.name, "x7k2p"));
+    let uid = replacement["metadata"]["uid"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let app = running_any(&n, "app").await;
+        let pod_uid = |c: &edgehub::cri::api::Container| {
+            c.labels
+                .get(edgehub::cri::labels::POD_UID)
+                .cloned()
+                .unwrap_or_default()
+        };
+        if app.len() == 1
+            && pod_uid(&app[0]) == uid
+            && app[0].image.as_ref().map(|i| i.image.as_str()) == Some("127.0.0.1:5000/busybox:1.0")
+            && n.sandboxes().await.len() == 1
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the upgraded sandbox still runs beside the replacement: {:#?}\nsandboxes: {:?}\n{}",
+            app.iter()
+                .map(|c| format!("{} {} {:?}", c.id, pod_uid(c), c.image))
+                .collect::<Vec<_>>(),
+            n.sandboxes().await,
+            n.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    n.clean().await;
+}
+
+/// No replacement comes (no DaemonSet controller runs here): the upgraded sandbox waits the
+/// adopt timeout, counted from when the deletion was seen, and is then stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_replacement_the_sandbox_is_stopped_after_the_adopt_timeout() {
+    let mut n = node("noreplacement").await;
+    let adopt_timeout = Duration::from_secs(4);
+    report_config(
+        &n,
+        &format!("adopt_timeout_secs = {}", adopt_timeout.as_secs()),
+    );
+    n.rolled_and_offline().await;
+    let (code, body) = n.http("POST", &n.upgrade_path());
+    assert_eq!(code, 200, "{body}");
+    let end = n.wait_state(60, &["Done", "RolledBack", "Failed"]).await;
+    assert_eq!(end["state"], "Done", "{end}");
+    n.server.set_offline(false).await.unwrap();
+    n.wait_for(
+        60,
+        "edgehub's cache sees the pod object go",
+        |n| async move {
+            n.server.get("pods", "vehicle", "telemetry-sv74m").is_none()
+                && cached_pod(n, "telemetry-sv74m").is_none()
+        },
+    )
+    .await;
+    n.wait_for(60, "the upgraded sandbox is stopped", |n| async move {
+        n.sandboxes().await.is_empty()
+    })
+    .await;
+    let deleted_at = n
+        .server
+        .requests()
+        .iter()
+        .find(|r| r.method == "DELETE" && r.resource == "pods")
+        .map(|r| r.at)
+        .unwrap();
+    assert!(
+        deleted_at.elapsed() >= adopt_timeout,
+        "stopped {:?} after the DELETE, before the adopt timeout",
+        deleted_at.elapsed()
+    );
+    n.clean().await;
+}

@@ -37,6 +37,37 @@ pub fn classify(e: &KubeError) -> Verdict {
     }
 }
 
+/// What the answer to the DELETE of a pod object (delete-and-adopt) says about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deletion {
+    /// Deleted now or before (404; the Node authorizer's 403 "no relationship found" for a
+    /// pod that is no longer there), or replaced under another uid (409 on the uid
+    /// precondition): its replacement is awaited.
+    Done,
+    /// The apiserver answered and kept the pod object (a 4xx that says why): the sandbox is
+    /// not awaiting anything.
+    Refused,
+    /// No answer (a timeout, a dropped link, an answer cut short) or one that does not say
+    /// (5xx: a 500 or 504 can follow a write that committed). The DELETE may have landed,
+    /// and the watch may be about to tell of it: the sandbox keeps awaiting its replacement,
+    /// and the DELETE is asked again while the pod object is still cached.
+    Unknown,
+}
+
+/// The verdict on the answer to a pod DELETE.
+pub fn deletion(answer: &Result<String, KubeError>) -> Deletion {
+    let e = match answer {
+        Ok(_) => return Deletion::Done,
+        Err(e) => e,
+    };
+    match e.code() {
+        Some(404 | 409) => Deletion::Done,
+        Some(403) if e.is_authorizer_lag() => Deletion::Done,
+        Some(c) if (400..500).contains(&c) => Deletion::Refused,
+        _ => Deletion::Unknown,
+    }
+}
+
 /// An apiserver answer of `code` with `message`, for the outbox's tests.
 #[cfg(test)]
 pub(super) fn refused(code: u16, message: &str, retry_after: Option<u64>) -> KubeError {
@@ -99,6 +130,57 @@ mod tests {
         assert_eq!(
             classify(&status(503, "busy", Some(2))),
             Verdict::Retry(Some(Duration::from_secs(2)))
+        );
+    }
+
+    #[test]
+    fn a_delete_is_taken_back_only_when_the_apiserver_said_it_kept_the_pod() {
+        use crate::kube::Request;
+        let request = || Request {
+            verb: "delete",
+            resource: "pods".into(),
+            namespace: None,
+            name: None,
+        };
+        let err = |e: KubeError| deletion(&Err(e));
+        assert_eq!(deletion(&Ok("{}".into())), Deletion::Done);
+        assert_eq!(err(status(404, "not found", None)), Deletion::Done);
+        assert_eq!(
+            err(status(
+                409,
+                "the UID in the precondition does not match",
+                None
+            )),
+            Deletion::Done
+        );
+        assert_eq!(
+            err(status(
+                403,
+                "pods \"p\" is forbidden: no relationship found between node 'n' and this object",
+                None
+            )),
+            Deletion::Done
+        );
+        assert_eq!(err(status(403, "forbidden: RBAC", None)), Deletion::Refused);
+        assert_eq!(err(status(429, "slow down", Some(1))), Deletion::Refused);
+        assert_eq!(err(status(401, "Unauthorized", None)), Deletion::Refused);
+        // The DELETE may have landed.
+        assert_eq!(err(status(500, "oops", None)), Deletion::Unknown);
+        assert_eq!(err(status(504, "timeout", None)), Deletion::Unknown);
+        assert_eq!(
+            err(KubeError::Timeout {
+                request: request(),
+                timeout: Duration::from_secs(10)
+            }),
+            Deletion::Unknown
+        );
+        assert_eq!(
+            err(KubeError::Unreachable {
+                request: request(),
+                server: "s".into(),
+                reason: "connection closed before message completed".into()
+            }),
+            Deletion::Unknown
         );
     }
 }

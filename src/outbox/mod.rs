@@ -36,7 +36,7 @@ use crate::store::{
     EventSeries, OutboxRow, RowKind, RunningRevision, Store, StoreError, StoredObject,
 };
 use crate::sync::LinkState;
-use classify::{classify, Verdict};
+use classify::{classify, Deletion, Verdict};
 use cloud::Cloud;
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
@@ -530,14 +530,24 @@ impl<C: Cloud> Sender<C> {
         self.store.mark_awaiting_adoption(&r.pod_uid)?;
         self.pace().await;
         d.requests += 1;
-        match self.cloud.delete_pod(&ns, &name, &r.pod_uid).await {
-            // 404: already gone; 409: replaced under another uid. Either way it awaits its
-            // replacement.
-            Ok(_) => {}
-            Err(e) if matches!(e.code(), Some(404) | Some(409)) => {}
-            Err(e) => {
-                self.store.unmark_awaiting_adoption(&r.pod_uid)?;
-                return Err(e.into());
+        let answer = self.cloud.delete_pod(&ns, &name, &r.pod_uid).await;
+        let verdict = classify::deletion(&answer);
+        if let Err(e) = answer {
+            match verdict {
+                Deletion::Done => {}
+                Deletion::Refused => {
+                    self.store.unmark_awaiting_adoption(&r.pod_uid)?;
+                    return Err(e.into());
+                }
+                // Taking the mark back here would have the watch's deletion, if the DELETE
+                // did land, stop the upgraded sandbox as a gone pod's, and its replacement
+                // start from scratch. Kept; asked again while the pod object is cached.
+                Deletion::Unknown => {
+                    tracing::warn!(pod = %name, namespace = %ns, revision = %r.hash, error = %e,
+                        "no answer to the pod object's deletion; it may have landed, so the \
+                         sandbox keeps awaiting its replacement");
+                    return Err(e.into());
+                }
             }
         }
         tracing::info!(pod = %name, namespace = %ns, revision = %r.hash,

@@ -400,7 +400,8 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
                 }
                 Action::GiveUpAdoption { uid } => {
                     tracing::warn!(pod_uid = %uid,
-                        "no replacement pod arrived to adopt the sandbox in time; stopping it");
+                        "no replacement pod can adopt the sandbox (none came in time, or one came \
+                         at another revision); stopping it");
                     self.store.forget_running_revision(&uid)?;
                 }
                 a => io.entry(a.uid().to_string()).or_default().push(a),
@@ -465,21 +466,32 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
     fn awaiting(&self) -> Result<Vec<decide::Awaiting>, RuntimeError> {
         let now = crate::time::now_ms();
         let limit = self.adopt_timeout.as_millis() as i64;
-        Ok(self
-            .store
-            .running_revisions()?
-            .into_iter()
-            .filter_map(|r| {
-                let since = r.awaiting_since_ms?;
-                Some(decide::Awaiting {
-                    label_uid: r.pod_uid,
-                    namespace: r.namespace.unwrap_or_default(),
-                    owner_uid: r.owner_uid.unwrap_or_default(),
-                    hash: r.hash,
-                    expired: now - since >= limit,
-                })
-            })
-            .collect())
+        // Counted from when the pod object's deletion was seen, not from the DELETE: a link
+        // that drops right after the DELETE must not use up the replacement's time.
+        let seen = self.store.deletions_seen(now)?;
+        let mut out = Vec::new();
+        for r in self.store.running_revisions()? {
+            if r.awaiting_since_ms.is_none() {
+                continue;
+            }
+            let (namespace, owner_uid) = (
+                r.namespace.unwrap_or_default(),
+                r.owner_uid.unwrap_or_default(),
+            );
+            // No replacement comes for a DaemonSet that is gone: nothing to wait for.
+            let expired = match seen.get(&r.pod_uid) {
+                Some(s) => now - s >= limit || self.store.daemonset_gone(&namespace, &owner_uid)?,
+                None => false,
+            };
+            out.push(decide::Awaiting {
+                label_uid: r.pod_uid,
+                namespace,
+                owner_uid,
+                hash: r.hash,
+                expired,
+            });
+        }
+        Ok(out)
     }
 
     fn refused_waiting(&self, uid: &str, now: Instant) -> bool {

@@ -497,6 +497,17 @@ impl Store {
     }
 
     /// The pod object was not deleted after all: its sandbox is the pod's again.
+    /// Pod uid -> since when (unix ms) the cache no longer holds the pod object of a sandbox
+    /// awaiting adoption: the adopt timeout counts from then.
+    pub fn deletions_seen(&self, now_ms: i64) -> Result<HashMap<String, i64>, StoreError> {
+        journal::deletions_seen(&self.conn(), now_ms)
+    }
+
+    /// Whether a DaemonSet is gone from a cache that has listed its namespace's DaemonSets.
+    pub fn daemonset_gone(&self, namespace: &str, owner_uid: &str) -> Result<bool, StoreError> {
+        journal::daemonset_gone(&self.conn(), namespace, owner_uid)
+    }
+
     pub fn unmark_awaiting_adoption(&self, pod_uid: &str) -> Result<(), StoreError> {
         journal::unmark_awaiting(&self.conn(), pod_uid)?;
         self.notify();

@@ -10,7 +10,8 @@
 //! Fault knobs: [`FakeApiServer::fail_next`] (500, 429 with Retry-After, ...),
 //! [`FakeApiServer::cut_next_watch_events`] (a stream cut in the middle of an event),
 //! [`FakeApiServer::corrupt_next_watch_events`] (a malformed line), [`FakeApiServer::stall`],
-//! [`FakeApiServer::lose_next_answers`] (a write lands, its answer never leaves), and
+//! [`FakeApiServer::lose_next_answers`] (a write lands, its answer never leaves),
+//! [`FakeApiServer::remove_token`] (a token stops authenticating: 401), and
 //! [`FakeApiServer::set_offline`] (connections refused, open ones dropped).
 
 use crate::certs::TestPki;
@@ -651,6 +652,12 @@ impl FakeApiServer {
         lock(&self.state.tokens).insert(token.into(), user.into());
     }
 
+    /// The token no longer authenticates: every request with it gets the recorded 401
+    /// (`unauthorized_bad_token`), as when a credential lapses. [`Self::add_token`] restores it.
+    pub fn remove_token(&self, token: &str) {
+        lock(&self.state.tokens).remove(token);
+    }
+
     pub fn requests(&self) -> Vec<LoggedRequest> {
         lock(&self.state.log).clone()
     }
@@ -1078,6 +1085,18 @@ async fn handle(
     while state.stalled.load(Ordering::SeqCst) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let lost = {
+        let mut f = lock(&state.faults);
+        let pos = f.lose_answers.iter().position(|l| {
+            l.method == method.as_str() && l.uri_contains.iter().all(|p| uri.contains(p.as_str()))
+        });
+        pos.and_then(|i| f.lose_answers.remove(i))
+    };
+    if lost.as_ref().is_some_and(|l| l.then_stall) {
+        // Before the write commits: no watch may tell of it (they read the history under
+        // the same lock the write takes, and look at this flag there).
+        state.stalled.store(true, Ordering::SeqCst);
+    }
 
     let resp = route(
         &state,
@@ -1100,13 +1119,6 @@ async fn handle(
         ),
         None => ("unknown", String::new()),
     };
-    let lost = {
-        let mut f = lock(&state.faults);
-        let pos = f.lose_answers.iter().position(|l| {
-            l.method == method.as_str() && l.uri_contains.iter().all(|p| uri.contains(p.as_str()))
-        });
-        pos.and_then(|i| f.lose_answers.remove(i))
-    };
     lock(&state.log).push(LoggedRequest {
         verb,
         resource,
@@ -1119,12 +1131,7 @@ async fn handle(
         at,
     });
     match lost {
-        Some(l) => {
-            if l.then_stall {
-                state.stalled.store(true, Ordering::SeqCst);
-            }
-            Err(AnswerLost)
-        }
+        Some(_) => Err(AnswerLost),
         None => Ok(resp),
     }
 }
@@ -2326,6 +2333,9 @@ async fn watch_task(
         // claims a version whose events were not sent.
         let (events, current): (Vec<(u64, &'static str, Value)>, u64) = {
             let db = lock(&state.db);
+            if state.stalled.load(Ordering::SeqCst) {
+                continue;
+            }
             let evs = db
                 .history
                 .iter()
