@@ -787,3 +787,103 @@ async fn without_a_replacement_the_sandbox_is_stopped_after_the_adopt_timeout() 
     );
     n.clean().await;
 }
+
+/// The node's credential stops working (401) while reports are queued, as when it lapsed
+/// offline, and works again later (renewed). A 401 says nothing about the report: every row
+/// stays queued, none is parked, and once the credential works everything is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_401_period_every_queued_report_is_delivered() {
+    let mut n = node("unauth").await;
+    n.rolled_and_offline().await;
+    let (code, body) = n.http("POST", &n.upgrade_path());
+    assert_eq!(code, 200, "{body}");
+    let end = n.wait_state(60, &["Done", "RolledBack", "Failed"]).await;
+    assert_eq!(end["state"], "Done", "{end}");
+    n.wait_for(30, "a status and the Events are queued", |n| async move {
+        let q = n.queued_event_reasons();
+        q.contains(&"UpgradeStarted".to_string())
+            && q.contains(&"UpgradeSucceeded".to_string())
+            && outbox(n).is_some_and(|o| o["queued"].as_u64().unwrap_or(0) >= 3)
+    })
+    .await;
+
+    let token = format!("token-{}", n.name);
+    n.server.remove_token(&token);
+    n.server.set_offline(false).await.unwrap();
+    // The outbox tries, is refused, and tries again: a 401 is not a verdict on the report.
+    let report = |r: &edgehub_testsupport::apiserver::LoggedRequest| {
+        r.status == 401 && matches!(r.resource.as_str(), "events" | "pods/status")
+    };
+    n.wait_for(60, "the outbox is refused twice", |n| async move {
+        n.server.count(report) >= 2
+    })
+    .await;
+    let o = outbox(&n).unwrap();
+    assert_eq!(
+        o["parked"],
+        Value::Array(vec![]),
+        "nothing parked for a 401: {o}\nrows: {:#?}",
+        outbox_rows(&n)
+    );
+
+    // The credential works again.
+    n.server
+        .add_token(&token, &format!("system:node:{}", n.name));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !(["upgradestarted", "upgradesucceeded"]
+        .iter()
+        .all(|r| event(&n, "telemetry-sv74m", r).is_some_and(|e| e["count"] == 1))
+        && n.server.count(|r| {
+            r.resource == "pods/status" && r.path.contains("telemetry-sv74m") && r.status == 200
+        }) >= 1
+        && drained(&n))
+    {
+        replace_when_deleted(&n);
+        assert!(
+            Instant::now() < deadline,
+            "not everything was delivered after the 401s:\noutbox: {:?}\nrows: {:#?}\n{}",
+            outbox(&n),
+            outbox_rows(&n),
+            n.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    n.clean().await;
+}
+
+/// A report the apiserver refused for good is parked, and tried again on its own, with
+/// backoff: a refusal that passes (here a 400 the apiserver gave once) does not lose it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_report_is_tried_again_on_its_own() {
+    let mut n = node("parkretry").await;
+    n.rolled_and_offline().await;
+    let (code, body) = n.http("POST", &n.upgrade_path());
+    assert_eq!(code, 200, "{body}");
+    let end = n.wait_state(60, &["Done", "RolledBack", "Failed"]).await;
+    assert_eq!(end["state"], "Done", "{end}");
+    n.server.fail_next(1, 400, None, &["/events"]);
+    n.server.set_offline(false).await.unwrap();
+    n.wait_for(30, "an Event is parked", |n| async move {
+        outbox(n).is_some_and(|o| {
+            o["parked"]
+                .as_array()
+                .is_some_and(|p| p.iter().any(|r| r["kind"] == "event"))
+        })
+    })
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !(["upgradestarted", "upgradesucceeded"]
+        .iter()
+        .all(|r| event(&n, "telemetry-sv74m", r).is_some_and(|e| e["count"] == 1))
+        && outbox(&n).is_some_and(|o| o["parked"] == Value::Array(vec![])))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the parked Event was never tried again:\noutbox: {:?}\nrows: {:#?}",
+            outbox(&n),
+            outbox_rows(&n),
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    n.clean().await;
+}

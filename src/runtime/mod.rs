@@ -146,8 +146,10 @@ pub struct Reconciler<R: CriRuntime> {
     volumes: HashMap<String, u64>,
     /// What was last warned about per pod uid (a Warning Event each time it changes).
     reported: HashMap<String, String>,
-    /// The status last queued per pod uid (`None` until the queue was read).
-    queued: Option<HashMap<String, Value>>,
+    /// The status last queued per pod uid, and the store's [`Store::outbox_taken`] when the
+    /// queue was read (`None` until it was): read again once the sender took rows off it, or
+    /// a status it dropped would never be queued again until it changed.
+    queued: Option<(u64, HashMap<String, Value>)>,
     tasks: JoinSet<act::Outcome>,
     /// The pod each task works on, so a task that panicked still releases its pod.
     task_pods: HashMap<tokio::task::Id, String>,
@@ -643,16 +645,17 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
         current: &Value,
         ours: Value,
     ) -> Result<(), RuntimeError> {
-        if self.queued.is_none() {
+        let taken = self.store.outbox_taken();
+        if self.queued.as_ref().is_none_or(|(t, _)| *t != taken) {
             let mut m = HashMap::new();
             for q in self.store.queued_statuses()? {
                 if let Ok(v) = serde_json::from_str(&q.status) {
                     m.insert(q.pod_uid, v);
                 }
             }
-            self.queued = Some(m);
+            self.queued = Some((taken, m));
         }
-        let queued = self.queued.get_or_insert_with(HashMap::new);
+        let (_, queued) = self.queued.get_or_insert_with(|| (taken, HashMap::new()));
         let uid = &pod.index.uid;
         let ours = status::with_times(&ours, current, queued.get(uid), &crate::time::now());
         if !status::needs_patch(current, &ours) {

@@ -88,6 +88,9 @@ pub struct Store {
     changes: tokio::sync::watch::Sender<u64>,
     /// Bumped when a report (status or Event) is queued, to wake the report sender.
     reports: tokio::sync::watch::Sender<u64>,
+    /// Bumped when the sender takes a row off the queue (delivered or dropped), so the
+    /// runtime's in-memory copy of the queued statuses knows to read the queue again.
+    outbox_taken: std::sync::atomic::AtomicU64,
     /// Bookmark progress waiting to ride along with the next commit ([`cursors`]). Taken
     /// after `conn`, never before.
     cursors: Mutex<cursors::ParkedCursors>,
@@ -146,6 +149,7 @@ impl Store {
             _lock: lock,
             changes: tokio::sync::watch::channel(0).0,
             reports: tokio::sync::watch::channel(0).0,
+            outbox_taken: std::sync::atomic::AtomicU64::new(0),
             cursors: Mutex::new(cursors::ParkedCursors::new(Instant::now())),
         }
     }
@@ -644,7 +648,7 @@ impl Store {
         outbox::queued_events(&self.conn())
     }
 
-    /// The rows to send, in order (parked ones left out).
+    /// The rows to send, in order (parked ones too, tried again when due).
     pub fn outbox(&self) -> Result<Vec<OutboxRow>, StoreError> {
         outbox::rows(&self.conn())
     }
@@ -666,19 +670,34 @@ impl Store {
 
     /// A row was delivered as `sent` was (what changed meanwhile stays queued).
     pub fn outbox_delivered(&self, sent: &OutboxRow) -> Result<(), StoreError> {
-        outbox::delivered(&mut self.conn(), sent)
+        outbox::delivered(&mut self.conn(), sent)?;
+        self.took_from_outbox();
+        Ok(())
     }
 
     pub fn outbox_drop(&self, id: i64) -> Result<(), StoreError> {
-        outbox::drop_row(&self.conn(), id)
+        outbox::drop_row(&self.conn(), id)?;
+        self.took_from_outbox();
+        Ok(())
+    }
+
+    fn took_from_outbox(&self) {
+        self.outbox_taken
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Counts the rows the sender took off the queue: when it changed, a copy of the queue
+    /// read before may hold statuses that are no longer queued.
+    pub fn outbox_taken(&self) -> u64 {
+        self.outbox_taken.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     pub fn outbox_retry(&self, id: i64, next_ms: i64, error: &str) -> Result<(), StoreError> {
         outbox::retry(&self.conn(), id, next_ms, error)
     }
 
-    pub fn outbox_park(&self, id: i64, error: &str) -> Result<(), StoreError> {
-        outbox::park(&self.conn(), id, error)
+    pub fn outbox_park(&self, id: i64, next_ms: i64, error: &str) -> Result<(), StoreError> {
+        outbox::park(&self.conn(), id, next_ms, error)
     }
 
     pub fn count(&self, kind: crate::object::Kind) -> Result<u64, StoreError> {

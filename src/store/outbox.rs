@@ -8,8 +8,8 @@
 //! latest wins, and keeps its place); queuing an Event again counts one more occurrence, and
 //! the Event's series (`event_series`: its total count, its first timestamp, whether the
 //! apiserver holds it) is kept beside the queue, since a node may not read Events back. A
-//! row the apiserver refuses for good is parked: kept with its error, shown, and no longer
-//! in the way of the rows behind it.
+//! row the apiserver refuses is parked: kept with its error, shown, no longer in the way of
+//! the rows behind it, and tried again now and then.
 
 use super::StoreError;
 use rusqlite::{params, Connection, OptionalExtension, Row};
@@ -255,22 +255,18 @@ pub fn queued_events(conn: &Connection) -> Result<Vec<QueuedEvent>, StoreError> 
     Ok(rows.collect::<Result<_, _>>()?)
 }
 
-/// Every row that is not parked, in the order they are sent (oldest first; per pod, in
-/// the order they were queued).
+/// Every row, in the order they are sent (oldest first; per pod, in the order they were
+/// queued). Parked rows are among them: the sender tries them again when they are due.
 pub fn rows(conn: &Connection) -> Result<Vec<OutboxRow>, StoreError> {
-    let mut stmt = conn.prepare_cached(&format!(
-        "SELECT {COLUMNS} FROM outbox WHERE parked = 0 ORDER BY id"
-    ))?;
+    let mut stmt = conn.prepare_cached(&format!("SELECT {COLUMNS} FROM outbox ORDER BY id"))?;
     let rows = stmt.query_map([], row)?;
     Ok(rows.collect::<Result<_, _>>()?)
 }
 
-/// The earliest retry time after `now_ms` among rows waiting for one (not parked).
+/// The earliest retry time after `now_ms` among rows waiting for one (parked ones too).
 pub fn next_attempt_after(conn: &Connection, now_ms: i64) -> Result<Option<i64>, StoreError> {
     Ok(conn
-        .prepare_cached(
-            "SELECT MIN(next_attempt_ms) FROM outbox WHERE parked = 0 AND next_attempt_ms > ?1",
-        )?
+        .prepare_cached("SELECT MIN(next_attempt_ms) FROM outbox WHERE next_attempt_ms > ?1")?
         .query_row(params![now_ms], |r| r.get::<_, Option<i64>>(0))?)
 }
 
@@ -329,12 +325,14 @@ pub fn retry(conn: &Connection, id: i64, next_ms: i64, error: &str) -> Result<()
     Ok(())
 }
 
-/// A row the apiserver refused for good: kept with its error, out of the way.
-pub fn park(conn: &Connection, id: i64, error: &str) -> Result<(), StoreError> {
+/// A row the apiserver refused: kept with its error, out of the way of the rows behind it,
+/// and tried again at `next_ms`.
+pub fn park(conn: &Connection, id: i64, next_ms: i64, error: &str) -> Result<(), StoreError> {
     conn.prepare_cached(
-        "UPDATE outbox SET attempts = attempts + 1, parked = 1, last_error = ?2 WHERE id = ?1",
+        "UPDATE outbox SET attempts = attempts + 1, parked = 1, next_attempt_ms = ?2,
+             last_error = ?3 WHERE id = ?1",
     )?
-    .execute(params![id, error])?;
+    .execute(params![id, next_ms, error])?;
     Ok(())
 }
 
