@@ -887,3 +887,61 @@ async fn a_parked_report_is_tried_again_on_its_own() {
     }
     n.clean().await;
 }
+
+/// Offline, the sidecar crashes (a status is queued), then the pod is upgraded (its Events
+/// are queued), then its status changes again (the new image). When the link returns the
+/// apiserver hears it in that order: the Events before the status that came after them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_queued_again_reaches_the_cloud_after_the_events_before_it() {
+    let mut n = node("order").await;
+    n.rolled_and_offline().await;
+    let sidecar = n.running("sidecar").await[0].id.clone();
+    n.cri.stop_container(&sidecar, 0).await.unwrap();
+    n.wait_for(30, "the crash's status is queued", |n| async move {
+        outbox(n).is_some_and(|o| o["queued"].as_u64().unwrap_or(0) >= 1)
+    })
+    .await;
+    let (code, body) = n.http("POST", &n.upgrade_path());
+    assert_eq!(code, 200, "{body}");
+    let end = n.wait_state(60, &["Done", "RolledBack", "Failed"]).await;
+    assert_eq!(end["state"], "Done", "{end}");
+    n.wait_for(30, "the upgraded status is queued", |n| async move {
+        let Some(conn) = rusqlite::Connection::open_with_flags(
+            n.dir.path().join("data/edgehub.db"),
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+        )
+        .ok() else {
+            return false;
+        };
+        conn.query_row("SELECT body FROM outbox WHERE kind = 'status'", [], |r| {
+            r.get::<_, String>(0)
+        })
+        .is_ok_and(|b| b.contains("127.0.0.1:5000/busybox:2.0"))
+    })
+    .await;
+    n.server.clear_log();
+    n.server.set_offline(false).await.unwrap();
+    n.wait_for(60, "everything is delivered", |n| async move {
+        event(n, "telemetry-sv74m", "upgradesucceeded").is_some()
+            && n.server.count(|r| {
+                r.resource == "pods/status" && r.path.contains("telemetry-sv74m") && r.status == 200
+            }) >= 1
+    })
+    .await;
+    let log = n.server.requests();
+    let first = |f: &dyn Fn(&edgehub_testsupport::apiserver::LoggedRequest) -> bool| {
+        log.iter().position(f).unwrap()
+    };
+    let status = first(&|r| {
+        r.resource == "pods/status" && r.path.contains("telemetry-sv74m") && r.status == 200
+    });
+    let started = first(&|r| r.resource == "events" && r.verb == "create" && r.status == 201);
+    assert!(
+        started < status,
+        "UpgradeStarted (request {started}) before the status queued after it (request {status}): {:#?}",
+        log.iter()
+            .map(|r| format!("{} {} {}", r.method, r.path, r.status))
+            .collect::<Vec<_>>()
+    );
+    n.clean().await;
+}

@@ -597,7 +597,11 @@ async fn a_parked_row_is_tried_again_when_due_without_holding_its_pod() {
     }));
     let mut s = Sender::new(cloud.clone(), st.clone());
     s.drain().await.unwrap();
-    assert_eq!(st.outbox_counts().unwrap(), (0, 1), "parked; the status went");
+    assert_eq!(
+        st.outbox_counts().unwrap(),
+        (0, 1),
+        "parked; the status went"
+    );
     let parked = &st.outbox_parked().unwrap()[0];
     // The first wait is the retry ceiling, jittered into its upper half.
     let wait = parked.next_attempt_ms - now_ms();
@@ -640,4 +644,26 @@ async fn no_relationship_is_retried_a_few_times_then_dropped() {
     let d = s.drain().await.unwrap();
     assert_eq!(d.dropped, 1);
     assert_eq!(st.outbox_counts().unwrap(), (0, 0));
+}
+
+#[tokio::test]
+async fn a_status_queued_again_goes_after_the_events_queued_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = store(&dir);
+    pod(&st, "a");
+    // The pod's status, then an upgrade starts, then its status changes.
+    status(&st, "a", "Pending");
+    event(&st, "a", "started");
+    status(&st, "a", "Running");
+    let cloud = Arc::new(FakeCloud::new(|what| match what {
+        "patch-status ns/a" => pod_answer(),
+        _ => Ok("{}".into()),
+    }));
+    let mut s = Sender::new(cloud.clone(), st.clone());
+    s.drain().await.unwrap();
+    assert_eq!(
+        cloud.calls(),
+        ["create-event ns", "patch-status ns/a"],
+        "in the order it happened"
+    );
 }

@@ -544,7 +544,7 @@ impl Store {
     /// anything was written: an unchanged status costs no write.
     /// Queues the status edgehub wants a pod to have; returns whether it was written.
     pub fn queue_status(&self, q: &QueuedStatus) -> Result<bool, StoreError> {
-        let wrote = outbox::queue_status(&self.conn(), q, crate::time::now_ms())?;
+        let wrote = outbox::queue_status(&mut self.conn(), q, crate::time::now_ms())?;
         if wrote {
             self.report_queued();
         }

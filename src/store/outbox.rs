@@ -4,10 +4,11 @@
 //!
 //! A row has a kind (a pod's wanted status, or an Event), the pod it is about, a dedupe key,
 //! its body, how often it was tried, when it may be tried next, and the last error. Rows are
-//! sent in order per pod. Queuing a status again replaces the pod's queued one in place (the
-//! latest wins, and keeps its place); queuing an Event again counts one more occurrence, and
-//! the Event's series (`event_series`: its total count, its first timestamp, whether the
-//! apiserver holds it) is kept beside the queue, since a node may not read Events back. A
+//! sent in order per pod. Queuing a status again replaces the pod's queued one (the latest
+//! wins, and goes behind what was queued before it); queuing an Event again counts one more
+//! occurrence (the row keeps the place of its first undelivered one), and the Event's series
+//! (`event_series`: its total count, its first timestamp, whether the apiserver holds it) is
+//! kept beside the queue, since a node may not read Events back. A
 //! row the apiserver refuses is parked: kept with its error, shown, no longer in the way of
 //! the rows behind it, and tried again now and then.
 
@@ -109,26 +110,39 @@ fn event_key(key: &str) -> String {
     format!("event/{key}")
 }
 
-/// Queues (or replaces, in place) a pod's wanted status; returns whether anything was written.
-/// A new status for a parked row gives it another chance.
-pub fn queue_status(conn: &Connection, q: &QueuedStatus, now_ms: i64) -> Result<bool, StoreError> {
-    let n = conn
-        .prepare_cached(
-            "INSERT INTO outbox (kind, pod_uid, namespace, name, dedupe, body, queued_ms)
-             VALUES ('status', ?1, ?2, ?3, ?4, ?5, ?6)
-             ON CONFLICT (dedupe) DO UPDATE SET body = excluded.body, name = excluded.name,
-                 namespace = excluded.namespace, parked = 0, next_attempt_ms = 0
-             WHERE body != excluded.body",
-        )?
-        .execute(params![
-            q.pod_uid,
-            q.namespace,
-            q.name,
-            status_key(&q.pod_uid),
-            q.status,
-            now_ms
-        ])?;
-    Ok(n > 0)
+/// Queues a pod's wanted status, replacing the one queued before; returns whether anything
+/// was written. The new one goes to the back of the queue: it is what the pod is now, after
+/// the Events queued since the old one, and must not overtake them. A new status for a
+/// parked row gives it another chance (it starts afresh).
+pub fn queue_status(
+    conn: &mut Connection,
+    q: &QueuedStatus,
+    now_ms: i64,
+) -> Result<bool, StoreError> {
+    let key = status_key(&q.pod_uid);
+    let same: bool = conn
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM outbox WHERE dedupe = ?1 AND body = ?2)")?
+        .query_row(params![key, q.status], |r| r.get(0))?;
+    if same {
+        return Ok(false);
+    }
+    let tx = conn.transaction()?;
+    tx.prepare_cached("DELETE FROM outbox WHERE dedupe = ?1")?
+        .execute(params![key])?;
+    tx.prepare_cached(
+        "INSERT INTO outbox (kind, pod_uid, namespace, name, dedupe, body, queued_ms)
+         VALUES ('status', ?1, ?2, ?3, ?4, ?5, ?6)",
+    )?
+    .execute(params![
+        q.pod_uid,
+        q.namespace,
+        q.name,
+        key,
+        q.status,
+        now_ms
+    ])?;
+    tx.commit()?;
+    Ok(true)
 }
 
 /// The queued statuses that are not parked, oldest first.
