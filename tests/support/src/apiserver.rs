@@ -444,6 +444,31 @@ impl FakeApiServer {
             .cloned()
     }
 
+    /// Waits for the object to satisfy `pred`, looking at it again at each write the server
+    /// commits (no polling): `Ok` with the object, or, after `timeout`, `Err` with what it
+    /// last was (`Null` when absent).
+    pub async fn wait_for_object(
+        &self,
+        plural: &str,
+        namespace: &str,
+        name: &str,
+        timeout: Duration,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Result<Value, Value> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut writes = self.state.rv_tx.subscribe();
+        loop {
+            let now = self.get(plural, namespace, name).unwrap_or(Value::Null);
+            if pred(&now) {
+                return Ok(now);
+            }
+            match tokio::time::timeout_at(deadline, writes.changed()).await {
+                Ok(Ok(())) => {}
+                _ => return Err(now),
+            }
+        }
+    }
+
     pub fn list(&self, plural: &str) -> Vec<Value> {
         lock(&self.state.db)
             .objects
