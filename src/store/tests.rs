@@ -724,3 +724,31 @@ fn a_daemonset_is_gone_only_from_a_cache_that_has_listed_daemonsets() {
     // The all-namespaces list covers every namespace.
     assert!(s.daemonset_gone("other", "ds1").unwrap());
 }
+
+#[test]
+fn a_replaced_status_costs_four_wal_frames_and_an_unchanged_one_none() {
+    let (_d, path) = db();
+    let s = Store::open(&path, OpenMode::Normal).unwrap();
+    let q = |i: usize, phase: &str| QueuedStatus {
+        pod_uid: format!("u{i}"),
+        namespace: "ns".into(),
+        name: format!("p{i}"),
+        status: format!("{{\"phase\":\"{phase}\"}}"),
+    };
+    for i in 0..20 {
+        s.queue_status(&q(i, "Pending")).unwrap();
+    }
+    let checkpoint = |s: &Store, mode: &str| -> i64 {
+        s.conn()
+            .query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| r.get(1))
+            .unwrap()
+    };
+    checkpoint(&s, "TRUNCATE");
+    assert!(!s.queue_status(&q(3, "Pending")).unwrap());
+    assert_eq!(checkpoint(&s, "PASSIVE"), 0, "unchanged: nothing written");
+    checkpoint(&s, "TRUNCATE");
+    assert!(s.queue_status(&q(3, "Running")).unwrap());
+    // Moved to the back of the queue: the row, its two indexes and sqlite_sequence (an
+    // update in place was 2).
+    assert_eq!(checkpoint(&s, "PASSIVE"), 4);
+}
