@@ -393,6 +393,25 @@ async fn a_node_keeps_its_event_series_without_reading_events() {
     assert_eq!(code, 200, "{got}");
 }
 
+/// A token that stops authenticating gets the recorded 401 on every request, until it is
+/// restored.
+#[tokio::test]
+async fn a_removed_token_is_401_until_restored() {
+    let s = server().await;
+    let get = || async {
+        s.raw(Some(NODE_TOKEN), "GET", "/api/v1/nodes/edge-1", None, None)
+            .await
+            .unwrap()
+    };
+    assert_eq!(get().await.0, 200);
+    s.remove_token(NODE_TOKEN);
+    let (code, got) = get().await;
+    let want = fixture("unauthorized_bad_token")["response"].clone();
+    assert_same("unauthorized_bad_token", code, &got, &want);
+    s.add_token(NODE_TOKEN, edgehub_testsupport::NODE_USER);
+    assert_eq!(get().await.0, 200);
+}
+
 /// A lost answer: the write is carried out, the connection closes without an answer.
 #[tokio::test]
 async fn a_lost_answer_still_lands() {

@@ -207,42 +207,52 @@ async fn under_link_chaos_every_report_arrives_once_in_order() {
     let app = running_any(&n, "app").await;
     assert_eq!(app.len(), 1);
     let app_id = app[0].id.clone();
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let p = n
-            .server
-            .get("pods", "vehicle", "telemetry-x7k2p")
-            .unwrap_or(Value::Null);
-        let cs = |name: &str| {
-            p["status"]["containerStatuses"]
-                .as_array()
-                .and_then(|a| a.iter().find(|c| c["name"] == name).cloned())
-                .unwrap_or(Value::Null)
-        };
-        let o = outbox(&n).unwrap_or(Value::Null);
-        let sidecar_restarts = running_any(&n, "sidecar")
-            .await
-            .first()
-            .and_then(|c| c.metadata.as_ref().map(|m| m.attempt))
-            .unwrap_or(u32::MAX);
-        if cs("app")["containerID"] == format!("containerd://{app_id}").as_str()
-            && cs("app")["image"] == "127.0.0.1:5000/busybox:2.0"
-            && cs("sidecar")["restartCount"] == sidecar_restarts
-            && cs("sidecar")["ready"] == true
-            && o["queued"] == 0
-            && o["parked"] == Value::Array(vec![])
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the replacement never reported what runs (sidecar attempt {sidecar_restarts}):\n\
-             {p:#}\noutbox: {o}\nrows: {:#?}\n{}",
+    // What runs is settled once the last killed sidecar is back: no more kills come.
+    n.wait_for(60, "the sidecar runs again", |n| async move {
+        !running_any(n, "sidecar").await.is_empty()
+    })
+    .await;
+    let sidecar_attempt = running_any(&n, "sidecar").await[0]
+        .metadata
+        .as_ref()
+        .map(|m| m.attempt)
+        .unwrap();
+    // The event that proves the report: the apiserver commits the replacement's status
+    // saying what runs.
+    let reported = n
+        .server
+        .wait_for_object(
+            "pods",
+            "vehicle",
+            "telemetry-x7k2p",
+            Duration::from_secs(90),
+            |p| {
+                let cs = |name: &str| {
+                    p["status"]["containerStatuses"]
+                        .as_array()
+                        .and_then(|a| a.iter().find(|c| c["name"] == name).cloned())
+                        .unwrap_or(Value::Null)
+                };
+                cs("app")["containerID"] == format!("containerd://{app_id}").as_str()
+                    && cs("app")["image"] == "127.0.0.1:5000/busybox:2.0"
+                    && cs("sidecar")["restartCount"] == sidecar_attempt
+                    && cs("sidecar")["ready"] == true
+            },
+        )
+        .await;
+    if let Err(p) = reported {
+        panic!(
+            "the replacement never reported what runs (sidecar attempt {sidecar_attempt}):\n\
+             {p:#}\noutbox: {:?}\nrows: {:#?}\n{}",
+            outbox(&n),
             outbox_rows(&n),
             n.log()
         );
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // And the one that proves nothing more is on its way: the outbox is empty, so no Event
+    // can be written again.
+    n.wait_for(30, "nothing is left to send", |n| async move { drained(n) })
+        .await;
 
     // Each Event once, in the order it happened.
     let started_ev = event(&n, "telemetry-sv74m", "upgradestarted").expect("UpgradeStarted");
@@ -569,5 +579,376 @@ async fn an_event_whose_create_answer_was_lost_is_counted_once() {
         assert_eq!(ev["count"], 1, "{ev}");
     }
     assert_eq!(event_reads(&n), 0, "a node never reads Events");
+    n.clean().await;
+}
+
+/// Appends `line` to the config's last table, `[report]`.
+fn report_config(n: &edge::Node, line: &str) {
+    let mut config = std::fs::read_to_string(&n.config).unwrap();
+    assert!(
+        config.trim_end().ends_with("retry_max_secs = 4"),
+        "{config}"
+    );
+    config.push_str(line);
+    config.push('\n');
+    std::fs::write(&n.config, config).unwrap();
+}
+
+/// The pod object's DELETE lands, its answer is lost, and the link stays down from that
+/// moment, before any watch could tell of the deletion, for longer than the adopt timeout.
+/// The sandbox still awaits its replacement (an answer that never came is not a refusal),
+/// and the adopt timeout counts from when the deletion was seen, not from the DELETE: when
+/// the link returns, the replacement adopts the upgraded container and nothing restarts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_delete_answer_and_a_long_outage_still_end_in_adoption() {
+    let mut n = node("lostdelete").await;
+    let adopt_timeout = Duration::from_secs(6);
+    report_config(
+        &n,
+        &format!("adopt_timeout_secs = {}", adopt_timeout.as_secs()),
+    );
+    n.rolled_and_offline().await;
+    let (code, body) = n.http("POST", &n.upgrade_path());
+    assert_eq!(code, 200, "{body}");
+    let end = n.wait_state(60, &["Done", "RolledBack", "Failed"]).await;
+    assert_eq!(end["state"], "Done", "{end}");
+    let app = running_any(&n, "app").await;
+    assert_eq!(app.len(), 1);
+    let app_id = app[0].id.clone();
+    let started = n
+        .cri
+        .container_status(&app_id)
+        .await
+        .unwrap()
+        .unwrap()
+        .started_at;
+
+    n.server
+        .lose_next_answer_and_stall("DELETE", &["/pods/telemetry-sv74m"]);
+    n.server.set_offline(false).await.unwrap();
+    n.wait_for(60, "the DELETE lands, unanswered", |n| async move {
+        n.server
+            .count(|r| r.method == "DELETE" && r.answer_lost && r.status == 200)
+            == 1
+    })
+    .await;
+    let landed = n
+        .server
+        .requests()
+        .iter()
+        .find(|r| r.method == "DELETE" && r.answer_lost)
+        .map(|r| r.at)
+        .unwrap();
+    // The scenario's outage: the link stays down for longer than the adopt timeout. Time
+    // passing is the precondition here, not what is asserted; the stalled fake tells no
+    // watch of the deletion meanwhile (it stalls before the DELETE commits).
+    tokio::time::sleep_until((landed + adopt_timeout + Duration::from_secs(3)).into()).await;
+    // Meanwhile the DaemonSet controller replaced the pod; the link returns.
+    replace_when_deleted(&n);
+    n.server.stall(false);
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let reported = n
+            .server
+            .get("pods", "vehicle", "telemetry-x7k2p")
+            .and_then(|p| {
+                p["status"]["containerStatuses"]
+                    .as_array()?
+                    .iter()
+                    .find(|c| c["name"] == "app")
+                    .cloned()
+            })
+            .unwrap_or(Value::Null);
+        if reported["containerID"] == format!("containerd://{app_id}").as_str()
+            && reported["ready"] == true
+        {
+            break;
+        }
+        let running: Vec<String> = running_any(&n, "app")
+            .await
+            .iter()
+            .map(|c| format!("{} {:?}", c.id, c.labels))
+            .collect();
+        assert!(
+            Instant::now() < deadline,
+            "the replacement did not adopt {app_id}: it reports {reported}\nrunning: {running:#?}\n{}",
+            n.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let now = running_any(&n, "app").await;
+    assert_eq!(now.len(), 1, "one revision runs");
+    assert_eq!(now[0].id, app_id, "nothing restarted");
+    let started_now = n
+        .cri
+        .container_status(&app_id)
+        .await
+        .unwrap()
+        .unwrap()
+        .started_at;
+    assert_eq!(started_now, started, "same start time");
+    n.clean().await;
+}
+
+/// The operator rolls on while the revision is reported: the pod object is deleted, and the
+/// DaemonSet controller's replacement comes at a third revision. The upgraded sandbox can
+/// never be adopted, so it is stopped at once, not after the adopt timeout (600 s), and the
+/// replacement runs alone at its own revision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replacement_at_another_revision_stops_the_upgraded_sandbox_at_once() {
+    let mut n = node("otherhash").await;
+    n.rolled_and_offline().await;
+    let (code, body) = n.http("POST", &n.upgrade_path());
+    assert_eq!(code, 200, "{body}");
+    let end = n.wait_state(60, &["Done", "RolledBack", "Failed"]).await;
+    assert_eq!(end["state"], "Done", "{end}");
+    n.server.set_offline(false).await.unwrap();
+    n.wait_for(60, "edgehub deletes the pod object", |n| async move {
+        n.server.get("pods", "vehicle", "telemetry-sv74m").is_none()
+    })
+    .await;
+    // Back to the old image, under a revision of its own.
+    let hash = edge::third_revision(&n.server, "127.0.0.1:5000/busybox:1.0");
+    let ds = n.server.get("daemonsets", "vehicle", "telemetry").unwrap();
+    let cr = n
+        .server
+        .get(
+            "controllerrevisions",
+            "vehicle",
+            &format!("telemetry-{hash}"),
+        )
+        .unwrap();
+    let replacement = n.server.apply("pods", pod_for(&ds, &cr, &n.name, "x7k2p"));
+    let uid = replacement["metadata"]["uid"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let app = running_any(&n, "app").await;
+        let pod_uid = |c: &edgehub::cri::api::Container| {
+            c.labels
+                .get(edgehub::cri::labels::POD_UID)
+                .cloned()
+                .unwrap_or_default()
+        };
+        if app.len() == 1
+            && pod_uid(&app[0]) == uid
+            && app[0].image.as_ref().map(|i| i.image.as_str()) == Some("127.0.0.1:5000/busybox:1.0")
+            && n.sandboxes().await.len() == 1
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the upgraded sandbox still runs beside the replacement: {:#?}\nsandboxes: {:?}\n{}",
+            app.iter()
+                .map(|c| format!("{} {} {:?}", c.id, pod_uid(c), c.image))
+                .collect::<Vec<_>>(),
+            n.sandboxes().await,
+            n.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    n.clean().await;
+}
+
+/// No replacement comes (no DaemonSet controller runs here): the upgraded sandbox waits the
+/// adopt timeout, counted from when the deletion was seen, and is then stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_replacement_the_sandbox_is_stopped_after_the_adopt_timeout() {
+    let mut n = node("noreplacement").await;
+    let adopt_timeout = Duration::from_secs(4);
+    report_config(
+        &n,
+        &format!("adopt_timeout_secs = {}", adopt_timeout.as_secs()),
+    );
+    n.rolled_and_offline().await;
+    let (code, body) = n.http("POST", &n.upgrade_path());
+    assert_eq!(code, 200, "{body}");
+    let end = n.wait_state(60, &["Done", "RolledBack", "Failed"]).await;
+    assert_eq!(end["state"], "Done", "{end}");
+    n.server.set_offline(false).await.unwrap();
+    n.wait_for(
+        60,
+        "edgehub's cache sees the pod object go",
+        |n| async move {
+            n.server.get("pods", "vehicle", "telemetry-sv74m").is_none()
+                && cached_pod(n, "telemetry-sv74m").is_none()
+        },
+    )
+    .await;
+    n.wait_for(60, "the upgraded sandbox is stopped", |n| async move {
+        n.sandboxes().await.is_empty()
+    })
+    .await;
+    let deleted_at = n
+        .server
+        .requests()
+        .iter()
+        .find(|r| r.method == "DELETE" && r.resource == "pods")
+        .map(|r| r.at)
+        .unwrap();
+    assert!(
+        deleted_at.elapsed() >= adopt_timeout,
+        "stopped {:?} after the DELETE, before the adopt timeout",
+        deleted_at.elapsed()
+    );
+    n.clean().await;
+}
+
+/// The node's credential stops working (401) while reports are queued, as when it lapsed
+/// offline, and works again later (renewed). A 401 says nothing about the report: every row
+/// stays queued, none is parked, and once the credential works everything is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_401_period_every_queued_report_is_delivered() {
+    let mut n = node("unauth").await;
+    n.rolled_and_offline().await;
+    let (code, body) = n.http("POST", &n.upgrade_path());
+    assert_eq!(code, 200, "{body}");
+    let end = n.wait_state(60, &["Done", "RolledBack", "Failed"]).await;
+    assert_eq!(end["state"], "Done", "{end}");
+    n.wait_for(30, "a status and the Events are queued", |n| async move {
+        let q = n.queued_event_reasons();
+        q.contains(&"UpgradeStarted".to_string())
+            && q.contains(&"UpgradeSucceeded".to_string())
+            && outbox(n).is_some_and(|o| o["queued"].as_u64().unwrap_or(0) >= 3)
+    })
+    .await;
+
+    let token = format!("token-{}", n.name);
+    n.server.remove_token(&token);
+    n.server.set_offline(false).await.unwrap();
+    // The outbox tries, is refused, and tries again: a 401 is not a verdict on the report.
+    let report = |r: &edgehub_testsupport::apiserver::LoggedRequest| {
+        r.status == 401 && matches!(r.resource.as_str(), "events" | "pods/status")
+    };
+    n.wait_for(60, "the outbox is refused twice", |n| async move {
+        n.server.count(report) >= 2
+    })
+    .await;
+    let o = outbox(&n).unwrap();
+    assert_eq!(
+        o["parked"],
+        Value::Array(vec![]),
+        "nothing parked for a 401: {o}\nrows: {:#?}",
+        outbox_rows(&n)
+    );
+
+    // The credential works again.
+    n.server
+        .add_token(&token, &format!("system:node:{}", n.name));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !(["upgradestarted", "upgradesucceeded"]
+        .iter()
+        .all(|r| event(&n, "telemetry-sv74m", r).is_some_and(|e| e["count"] == 1))
+        && n.server.count(|r| {
+            r.resource == "pods/status" && r.path.contains("telemetry-sv74m") && r.status == 200
+        }) >= 1
+        && drained(&n))
+    {
+        replace_when_deleted(&n);
+        assert!(
+            Instant::now() < deadline,
+            "not everything was delivered after the 401s:\noutbox: {:?}\nrows: {:#?}\n{}",
+            outbox(&n),
+            outbox_rows(&n),
+            n.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    n.clean().await;
+}
+
+/// A report the apiserver refused for good is parked, and tried again on its own, with
+/// backoff: a refusal that passes (here a 400 the apiserver gave once) does not lose it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_report_is_tried_again_on_its_own() {
+    let mut n = node("parkretry").await;
+    n.rolled_and_offline().await;
+    let (code, body) = n.http("POST", &n.upgrade_path());
+    assert_eq!(code, 200, "{body}");
+    let end = n.wait_state(60, &["Done", "RolledBack", "Failed"]).await;
+    assert_eq!(end["state"], "Done", "{end}");
+    n.server.fail_next(1, 400, None, &["/events"]);
+    n.server.set_offline(false).await.unwrap();
+    n.wait_for(30, "an Event is parked", |n| async move {
+        outbox(n).is_some_and(|o| {
+            o["parked"]
+                .as_array()
+                .is_some_and(|p| p.iter().any(|r| r["kind"] == "event"))
+        })
+    })
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !(["upgradestarted", "upgradesucceeded"]
+        .iter()
+        .all(|r| event(&n, "telemetry-sv74m", r).is_some_and(|e| e["count"] == 1))
+        && outbox(&n).is_some_and(|o| o["parked"] == Value::Array(vec![])))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the parked Event was never tried again:\noutbox: {:?}\nrows: {:#?}",
+            outbox(&n),
+            outbox_rows(&n),
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    n.clean().await;
+}
+
+/// Offline, the sidecar crashes (a status is queued), then the pod is upgraded (its Events
+/// are queued), then its status changes again (the new image). When the link returns the
+/// apiserver hears it in that order: the Events before the status that came after them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_queued_again_reaches_the_cloud_after_the_events_before_it() {
+    let mut n = node("order").await;
+    n.rolled_and_offline().await;
+    let sidecar = n.running("sidecar").await[0].id.clone();
+    n.cri.stop_container(&sidecar, 0).await.unwrap();
+    n.wait_for(30, "the crash's status is queued", |n| async move {
+        outbox(n).is_some_and(|o| o["queued"].as_u64().unwrap_or(0) >= 1)
+    })
+    .await;
+    let (code, body) = n.http("POST", &n.upgrade_path());
+    assert_eq!(code, 200, "{body}");
+    let end = n.wait_state(60, &["Done", "RolledBack", "Failed"]).await;
+    assert_eq!(end["state"], "Done", "{end}");
+    n.wait_for(30, "the upgraded status is queued", |n| async move {
+        let Some(conn) = rusqlite::Connection::open_with_flags(
+            n.dir.path().join("data/edgehub.db"),
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+        )
+        .ok() else {
+            return false;
+        };
+        conn.query_row("SELECT body FROM outbox WHERE kind = 'status'", [], |r| {
+            r.get::<_, String>(0)
+        })
+        .is_ok_and(|b| b.contains("127.0.0.1:5000/busybox:2.0"))
+    })
+    .await;
+    n.server.clear_log();
+    n.server.set_offline(false).await.unwrap();
+    n.wait_for(60, "everything is delivered", |n| async move {
+        event(n, "telemetry-sv74m", "upgradesucceeded").is_some()
+            && n.server.count(|r| {
+                r.resource == "pods/status" && r.path.contains("telemetry-sv74m") && r.status == 200
+            }) >= 1
+    })
+    .await;
+    let log = n.server.requests();
+    let first = |f: &dyn Fn(&edgehub_testsupport::apiserver::LoggedRequest) -> bool| {
+        log.iter().position(f).unwrap()
+    };
+    let status = first(&|r| {
+        r.resource == "pods/status" && r.path.contains("telemetry-sv74m") && r.status == 200
+    });
+    let started = first(&|r| r.resource == "events" && r.verb == "create" && r.status == 201);
+    assert!(
+        started < status,
+        "UpgradeStarted (request {started}) before the status queued after it (request {status}): {:#?}",
+        log.iter()
+            .map(|r| format!("{} {} {}", r.method, r.path, r.status))
+            .collect::<Vec<_>>()
+    );
     n.clean().await;
 }

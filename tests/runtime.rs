@@ -1449,6 +1449,9 @@ impl CriRuntime for Watched {
         self.record("RemoveContainer", id, self.inner.remove_container(id))
             .await
     }
+    async fn reopen_container_log(&self, id: &str) -> Result<(), edgehub::cri::CriError> {
+        self.inner.reopen_container_log(id).await
+    }
     async fn container_status(
         &self,
         id: &str,

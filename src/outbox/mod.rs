@@ -36,7 +36,7 @@ use crate::store::{
     EventSeries, OutboxRow, RowKind, RunningRevision, Store, StoreError, StoredObject,
 };
 use crate::sync::LinkState;
-use classify::{classify, Verdict};
+use classify::{classify, Deletion, Verdict};
 use cloud::Cloud;
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
@@ -73,6 +73,8 @@ pub struct Drained {
     pub requests: usize,
     /// The link is down; the rest waits.
     pub offline: bool,
+    /// The apiserver refused edgehub's credentials (401); the rest waits.
+    pub unauthorized: bool,
 }
 
 /// The sender.
@@ -89,11 +91,26 @@ pub struct Sender<C: Cloud> {
     /// Revision reports that failed, by pod uid: when they may be tried again.
     revision_retry: HashMap<String, (Instant, u32)>,
     last_request: Option<Instant>,
+    /// The apiserver is refusing edgehub's credentials (said once per period in the log).
+    unauthorized: bool,
 }
 
 enum Failure {
+    /// The apiserver's (or the link's) answer, judged with the row's attempts.
+    Kube(KubeError),
     Verdict(Verdict, String),
     Store(StoreError),
+}
+
+impl Failure {
+    /// What it means for a row (or a revision report) tried `attempts` times before.
+    fn verdict(self, attempts: i64) -> Result<(Verdict, String), StoreError> {
+        match self {
+            Failure::Kube(e) => Ok((classify(&e, attempts), e.to_string())),
+            Failure::Verdict(v, why) => Ok((v, why)),
+            Failure::Store(e) => Err(e),
+        }
+    }
 }
 
 impl From<StoreError> for Failure {
@@ -104,7 +121,7 @@ impl From<StoreError> for Failure {
 
 impl From<KubeError> for Failure {
     fn from(e: KubeError) -> Self {
-        Failure::Verdict(classify(&e), e.to_string())
+        Failure::Kube(e)
     }
 }
 
@@ -126,6 +143,7 @@ impl<C: Cloud> Sender<C> {
             },
             revision_retry: HashMap::new(),
             last_request: None,
+            unauthorized: false,
         }
     }
 
@@ -144,6 +162,7 @@ impl<C: Cloud> Sender<C> {
             max: Duration::from_secs(30),
         };
         let mut offline_rounds = 0u32;
+        let mut unauthorized_rounds = 0u32;
         loop {
             // Jitter is for a link that came back, not the first connection after boot:
             // devices boot at their own times.
@@ -182,8 +201,16 @@ impl<C: Cloud> Sender<C> {
                     offline_rounds += 1;
                     offline_for.jittered(offline_rounds)
                 }
+                // Nothing but renewed (or restored) credentials ends this, and nothing tells
+                // the sender when: it asks again with the retry backoff.
+                Ok(d) if d.unauthorized => {
+                    offline_rounds = 0;
+                    unauthorized_rounds += 1;
+                    self.retry.jittered(unauthorized_rounds)
+                }
                 Ok(_) => {
                     offline_rounds = 0;
+                    unauthorized_rounds = 0;
                     self.next_due().unwrap_or(Duration::from_secs(3600))
                 }
                 Err(e) => {
@@ -234,6 +261,19 @@ impl<C: Cloud> Sender<C> {
         now_ms() + wait.as_millis().min(i64::MAX as u128) as i64
     }
 
+    /// When a parked row, refused `attempts` times, is tried again on its own: a refusal
+    /// can pass (a fixed RBAC binding, an admission webhook that stopped refusing), so it is
+    /// never given up, only asked seldom, from the retry ceiling up to twelve times that
+    /// (an hour with the default five minutes).
+    fn park_until(&self, attempts: i64) -> i64 {
+        let policy = BackoffPolicy {
+            initial: self.retry.max,
+            max: self.retry.max.saturating_mul(12),
+        };
+        let wait = policy.jittered(attempts.clamp(0, 30) as u32 + 1);
+        now_ms() + wait.as_millis().min(i64::MAX as u128) as i64
+    }
+
     /// Sends what is queued and due, in order per pod; stops at the first sign the link is
     /// down.
     pub async fn drain(&mut self) -> Result<Drained, StoreError> {
@@ -246,7 +286,10 @@ impl<C: Cloud> Sender<C> {
                 continue;
             }
             if row.next_attempt_ms > now {
-                held.insert(row.pod_uid.clone());
+                // A parked row is out of the way of the rows behind it.
+                if !row.parked {
+                    held.insert(row.pod_uid.clone());
+                }
                 continue;
             }
             let sent = match row.kind {
@@ -261,25 +304,37 @@ impl<C: Cloud> Sender<C> {
                         RowKind::Event => d.events_sent += 1,
                     }
                 }
-                Err(Failure::Store(e)) => return Err(e),
-                Err(Failure::Verdict(v, why)) => match v {
-                    Verdict::Offline => {
+                Err(f) => match f.verdict(row.attempts)? {
+                    (Verdict::Offline, _) => {
                         d.offline = true;
                         return Ok(d);
                     }
-                    Verdict::Drop => {
+                    (Verdict::Unauthorized, why) => {
+                        if !self.unauthorized {
+                            tracing::warn!(error = %why,
+                                "the apiserver does not accept edgehub's credentials; reports \
+                                 stay queued until it does");
+                            self.unauthorized = true;
+                        }
+                        d.unauthorized = true;
+                        return Ok(d);
+                    }
+                    (Verdict::Drop, why) => {
                         tracing::info!(kind = row.kind.as_str(), pod = %row.name, namespace = %row.namespace,
                             reason = %why, "report dropped: its target is gone");
                         self.store.outbox_drop(row.id)?;
                         d.dropped += 1;
                     }
-                    Verdict::Park => {
-                        tracing::warn!(kind = row.kind.as_str(), pod = %row.name, namespace = %row.namespace,
-                            error = %why, "the apiserver refused a report for good; parked");
-                        self.store.outbox_park(row.id, &why)?;
+                    (Verdict::Park, why) => {
+                        if !row.parked {
+                            tracing::warn!(kind = row.kind.as_str(), pod = %row.name, namespace = %row.namespace,
+                                error = %why, "the apiserver refused a report; parked, and tried again now and then");
+                        }
+                        self.store
+                            .outbox_park(row.id, self.park_until(row.attempts), &why)?;
                         d.parked += 1;
                     }
-                    Verdict::Retry(after) => {
+                    (Verdict::Retry(after), why) => {
                         if row.attempts == 0 {
                             tracing::warn!(kind = row.kind.as_str(), pod = %row.name, error = %why,
                                 "report not delivered; retrying with backoff");
@@ -289,9 +344,15 @@ impl<C: Cloud> Sender<C> {
                             self.retry_at(row.attempts, after),
                             &why,
                         )?;
-                        held.insert(row.pod_uid.clone());
+                        if !row.parked {
+                            held.insert(row.pod_uid.clone());
+                        }
                     }
                 },
+            }
+            if self.unauthorized && !d.unauthorized {
+                tracing::info!("the apiserver accepts edgehub's credentials again");
+                self.unauthorized = false;
             }
         }
         if d.events_sent + d.dropped > 0 {
@@ -347,13 +408,20 @@ impl<C: Cloud> Sender<C> {
                 Ok(false) => {
                     self.revision_retry.remove(&r.pod_uid);
                 }
-                Err(Failure::Store(e)) => return Err(e),
-                Err(Failure::Verdict(Verdict::Offline, _)) => {
-                    d.offline = true;
-                    return Ok(d);
-                }
-                Err(Failure::Verdict(v, why)) => {
+                Err(f) => {
                     let n = self.revision_retry.get(&r.pod_uid).map_or(0, |(_, n)| *n);
+                    let (v, why) = f.verdict(n as i64)?;
+                    match v {
+                        Verdict::Offline => {
+                            d.offline = true;
+                            return Ok(d);
+                        }
+                        Verdict::Unauthorized => {
+                            d.unauthorized = true;
+                            return Ok(d);
+                        }
+                        _ => {}
+                    }
                     let after = match v {
                         Verdict::Retry(ra) => ra,
                         _ => None,
@@ -375,6 +443,14 @@ impl<C: Cloud> Sender<C> {
 
     async fn send_status(&mut self, row: &OutboxRow, d: &mut Drained) -> Result<(), Failure> {
         let Some(pod) = self.store.get_by_uid(Kind::Pod, &row.pod_uid)? else {
+            // An empty cache is not a verdict: one that has not seen the pod list since it
+            // was created (--reset-cache) cannot say the pod is gone.
+            if !self.store.pod_list_seen()? {
+                return Err(Failure::Verdict(
+                    Verdict::Retry(None),
+                    "the cache has not seen this node's pod list yet".into(),
+                ));
+            }
             return Err(Failure::Verdict(
                 Verdict::Drop,
                 "the pod is no longer cached".into(),
@@ -530,14 +606,24 @@ impl<C: Cloud> Sender<C> {
         self.store.mark_awaiting_adoption(&r.pod_uid)?;
         self.pace().await;
         d.requests += 1;
-        match self.cloud.delete_pod(&ns, &name, &r.pod_uid).await {
-            // 404: already gone; 409: replaced under another uid. Either way it awaits its
-            // replacement.
-            Ok(_) => {}
-            Err(e) if matches!(e.code(), Some(404) | Some(409)) => {}
-            Err(e) => {
-                self.store.unmark_awaiting_adoption(&r.pod_uid)?;
-                return Err(e.into());
+        let answer = self.cloud.delete_pod(&ns, &name, &r.pod_uid).await;
+        let verdict = classify::deletion(&answer);
+        if let Err(e) = answer {
+            match verdict {
+                Deletion::Done => {}
+                Deletion::Refused => {
+                    self.store.unmark_awaiting_adoption(&r.pod_uid)?;
+                    return Err(e.into());
+                }
+                // Taking the mark back here would have the watch's deletion, if the DELETE
+                // did land, stop the upgraded sandbox as a gone pod's, and its replacement
+                // start from scratch. Kept; asked again while the pod object is cached.
+                Deletion::Unknown => {
+                    tracing::warn!(pod = %name, namespace = %ns, revision = %r.hash, error = %e,
+                        "no answer to the pod object's deletion; it may have landed, so the \
+                         sandbox keeps awaiting its replacement");
+                    return Err(e.into());
+                }
             }
         }
         tracing::info!(pod = %name, namespace = %ns, revision = %r.hash,

@@ -535,3 +535,157 @@ async fn the_series_of_a_pod_that_is_gone_is_forgotten() {
         })
     );
 }
+
+fn no_wait(s: &mut Sender<Arc<FakeCloud>>) {
+    s.retry = BackoffPolicy {
+        initial: Duration::ZERO,
+        max: Duration::ZERO,
+    };
+}
+
+#[tokio::test]
+async fn a_401_stops_the_drain_and_keeps_every_row_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = store(&dir);
+    for p in ["a", "b"] {
+        pod(&st, p);
+        status(&st, p, "Running");
+        event(&st, p, "started");
+    }
+    let revoked = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let r = revoked.clone();
+    let cloud = Arc::new(FakeCloud::new(move |what| {
+        if r.load(std::sync::atomic::Ordering::SeqCst) {
+            Err(refused(401, "Unauthorized", None))
+        } else if what.starts_with("patch-status") {
+            pod_answer()
+        } else {
+            Ok("{}".into())
+        }
+    }));
+    let mut s = Sender::new(cloud.clone(), st.clone());
+    no_wait(&mut s);
+    let d = s.drain().await.unwrap();
+    assert!(d.unauthorized);
+    assert_eq!(cloud.calls().len(), 1, "one refusal says it for every row");
+    assert_eq!(st.outbox_counts().unwrap(), (4, 0), "nothing parked");
+    assert!(st.outbox().unwrap().iter().all(|r| r.attempts == 0));
+    // Credentials work again: everything goes.
+    revoked.store(false, std::sync::atomic::Ordering::SeqCst);
+    let d = s.drain().await.unwrap();
+    assert!(!d.unauthorized);
+    assert_eq!((d.statuses_sent, d.events_sent), (2, 2));
+    assert_eq!(st.outbox_counts().unwrap(), (0, 0));
+}
+
+#[tokio::test]
+async fn a_parked_row_is_tried_again_when_due_without_holding_its_pod() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = store(&dir);
+    pod(&st, "a");
+    event(&st, "a", "started");
+    status(&st, "a", "Running");
+    let refusals = Arc::new(std::sync::atomic::AtomicUsize::new(1));
+    let left = refusals.clone();
+    let cloud = Arc::new(FakeCloud::new(move |what| match what {
+        "create-event ns" if left.load(std::sync::atomic::Ordering::SeqCst) > 0 => {
+            left.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            Err(refused(400, "bad", None))
+        }
+        "patch-status ns/a" => pod_answer(),
+        _ => Ok("{}".into()),
+    }));
+    let mut s = Sender::new(cloud.clone(), st.clone());
+    s.drain().await.unwrap();
+    assert_eq!(
+        st.outbox_counts().unwrap(),
+        (0, 1),
+        "parked; the status went"
+    );
+    let parked = &st.outbox_parked().unwrap()[0];
+    // The first wait is the retry ceiling, jittered into its upper half.
+    let wait = parked.next_attempt_ms - now_ms();
+    assert!((140_000..=300_000).contains(&wait), "{wait}");
+    let due = s.next_due().unwrap().as_millis() as i64;
+    assert!(
+        (wait - 1_000..=wait).contains(&due),
+        "the sender wakes for it: {due} ms, row due in {wait} ms"
+    );
+    // Due now: tried again, and this time taken.
+    no_wait(&mut s);
+    st.outbox_retry(parked.id, 0, "x").unwrap();
+    s.drain().await.unwrap();
+    assert_eq!(st.outbox_counts().unwrap(), (0, 0));
+    assert_eq!(
+        cloud.calls(),
+        ["create-event ns", "patch-status ns/a", "create-event ns"]
+    );
+}
+
+#[tokio::test]
+async fn no_relationship_is_retried_a_few_times_then_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = store(&dir);
+    pod(&st, "a");
+    status(&st, "a", "Running");
+    let cloud = Arc::new(FakeCloud::new(|_| {
+        Err(refused(
+            403,
+            "pods \"a\" is forbidden: User \"system:node:n\" cannot patch resource \"pods/status\": no relationship found between node 'n' and this object",
+            None,
+        ))
+    }));
+    let mut s = Sender::new(cloud.clone(), st.clone());
+    no_wait(&mut s);
+    for _ in 0..classify::AUTHORIZER_LAG_RETRIES {
+        s.drain().await.unwrap();
+        assert_eq!(st.outbox_counts().unwrap(), (1, 0), "retried");
+    }
+    let d = s.drain().await.unwrap();
+    assert_eq!(d.dropped, 1);
+    assert_eq!(st.outbox_counts().unwrap(), (0, 0));
+}
+
+#[tokio::test]
+async fn a_status_queued_again_goes_after_the_events_queued_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = store(&dir);
+    pod(&st, "a");
+    // The pod's status, then an upgrade starts, then its status changes.
+    status(&st, "a", "Pending");
+    event(&st, "a", "started");
+    status(&st, "a", "Running");
+    let cloud = Arc::new(FakeCloud::new(|what| match what {
+        "patch-status ns/a" => pod_answer(),
+        _ => Ok("{}".into()),
+    }));
+    let mut s = Sender::new(cloud.clone(), st.clone());
+    s.drain().await.unwrap();
+    assert_eq!(
+        cloud.calls(),
+        ["create-event ns", "patch-status ns/a"],
+        "in the order it happened"
+    );
+}
+
+#[tokio::test]
+async fn a_status_of_a_pod_a_reset_cache_has_not_listed_yet_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = store(&dir);
+    status(&st, "nocache", "Running");
+    let cloud = Arc::new(FakeCloud::new(|_| pod_answer()));
+    let mut s = Sender::new(cloud.clone(), st.clone());
+    let d = s.drain().await.unwrap();
+    assert_eq!(d.dropped, 0, "no pod list yet: not a verdict");
+    assert_eq!(st.outbox_counts().unwrap(), (1, 0));
+    // Once the pod list has completed without it, the pod is gone.
+    st.set_cursor("pods?fieldSelector=spec.nodeName=edge-1", "5")
+        .unwrap();
+    st.checkpoint_cursors(Duration::ZERO, true).unwrap();
+    for r in st.outbox().unwrap() {
+        st.outbox_retry(r.id, 0, "due").unwrap();
+    }
+    let d = s.drain().await.unwrap();
+    assert_eq!(d.dropped, 1);
+    assert_eq!(st.outbox_counts().unwrap(), (0, 0));
+}

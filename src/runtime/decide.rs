@@ -282,11 +282,9 @@ pub fn decide(inp: &Inputs<'_>) -> Vec<Action> {
     // Only once the pod object is gone: a deletion that never reached the apiserver (the
     // link fell between the mark and the request) leaves the pod as it was, to ask again.
     let cached: HashSet<&str> = inp.desired.iter().map(|p| p.uid()).collect();
-    for a in inp
-        .awaiting
-        .iter()
-        .filter(|a| a.expired && !cached.contains(a.label_uid.as_str()))
-    {
+    for a in inp.awaiting.iter().filter(|a| {
+        !cached.contains(a.label_uid.as_str()) && (a.expired || replaced_elsewhere(inp, a))
+    }) {
         out.push(Action::GiveUpAdoption {
             uid: a.label_uid.clone(),
         });
@@ -336,6 +334,20 @@ fn leftovers(inp: &Inputs<'_>, uid: &str, grace_secs: i64) -> Option<Action> {
         sandboxes,
         containers,
         grace_secs,
+    })
+}
+
+/// Whether the DaemonSet controller's replacement is here at another revision (the DaemonSet
+/// moved on after the DELETE): it can never adopt the awaiting sandbox, which would otherwise
+/// run beside it, a second revision, until the adopt timeout.
+fn replaced_elsewhere(inp: &Inputs<'_>, a: &Awaiting) -> bool {
+    inp.desired.iter().any(|p| {
+        let ix = &p.obj.index;
+        ix.uid != a.label_uid
+            && !ix.deleting
+            && ix.namespace == a.namespace
+            && ix.owner_uid.as_deref() == Some(a.owner_uid.as_str())
+            && ix.revision_hash.as_deref() != Some(a.hash.as_str())
     })
 }
 

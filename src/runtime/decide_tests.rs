@@ -632,3 +632,43 @@ fn of_two_ready_sandboxes_the_older_goes_unless_the_newer_is_a_failed_upgrades()
         (&["new".to_string()][..], &["c-new".to_string()][..])
     );
 }
+
+/// A replacement pod of the awaiting sandbox's DaemonSet, at revision `hash`.
+fn replacement(hash: &str) -> serde_json::Value {
+    let mut v = pod_json("b", &["app"]);
+    v["metadata"]["labels"] = json!({"controller-revision-hash": hash});
+    v["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "ds", "uid": "ds1", "controller": true}]);
+    v
+}
+
+#[test]
+fn a_replacement_at_another_revision_gives_up_the_awaiting_sandbox_at_once() {
+    let mut w = World::new();
+    // The upgraded sandbox of pod a, whose object was deleted for the replacement to adopt it.
+    w.snap.sandboxes.push(sandbox("sb-a", "uid-a", true, 0));
+    w.awaiting.push(Awaiting {
+        label_uid: "uid-a".into(),
+        namespace: "ns".into(),
+        owner_uid: "ds1".into(),
+        hash: "h2".into(),
+        expired: false,
+    });
+    // Held while it awaits, as the runtime holds it.
+    w.held.insert("uid-a".into());
+    // At the revision the sandbox runs: adopted.
+    w.add(replacement("h2"));
+    assert_eq!(names(&w.decide()), ["Adopt:uid-b"]);
+    // The DaemonSet moved on: the replacement starts its own sandbox and the awaiting one is
+    // given up now, not at the adopt timeout.
+    w.desired.clear();
+    w.add(replacement("h3"));
+    let acts = names(&w.decide());
+    assert!(acts.contains(&"StartPod:uid-b".to_string()), "{acts:?}");
+    assert!(
+        acts.contains(&"GiveUpAdoption:uid-a".to_string()),
+        "{acts:?}"
+    );
+    // No replacement yet, not expired: it waits.
+    w.desired.clear();
+    assert!(!names(&w.decide()).contains(&"GiveUpAdoption:uid-a".to_string()));
+}

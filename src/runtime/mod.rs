@@ -151,8 +151,10 @@ pub struct Reconciler<R: CriRuntime> {
     volumes: HashMap<String, u64>,
     /// What was last warned about per pod uid (a Warning Event each time it changes).
     reported: HashMap<String, String>,
-    /// The status last queued per pod uid (`None` until the queue was read).
-    queued: Option<HashMap<String, Value>>,
+    /// The status last queued per pod uid, and the store's [`Store::outbox_taken`] when the
+    /// queue was read (`None` until it was): read again once the sender took rows off it, or
+    /// a status it dropped would never be queued again until it changed.
+    queued: Option<(u64, HashMap<String, Value>)>,
     tasks: JoinSet<act::Outcome>,
     /// The bounds of `parallel` and `parallel_pulls`, made at the first pass.
     pool: Option<slots::Pool>,
@@ -437,7 +439,8 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
                 }
                 Action::GiveUpAdoption { uid } => {
                     tracing::warn!(pod_uid = %uid,
-                        "no replacement pod arrived to adopt the sandbox in time; stopping it");
+                        "no replacement pod can adopt the sandbox (none came in time, or one came \
+                         at another revision); stopping it");
                     self.store.forget_running_revision(&uid)?;
                 }
                 a => io.entry(a.uid().to_string()).or_default().push(a),
@@ -528,23 +531,35 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
 
     /// Sandboxes awaiting their replacement pod, from the runtime map.
     fn awaiting(&self) -> Result<Vec<decide::Awaiting>, RuntimeError> {
-        let now = crate::time::now_ms();
+        // On the boot clock: the wall clock of a vehicle jumps.
+        let now = crate::time::boot_ms();
         let limit = self.adopt_timeout.as_millis() as i64;
-        Ok(self
-            .store
-            .running_revisions()?
-            .into_iter()
-            .filter_map(|r| {
-                let since = r.awaiting_since_ms?;
-                Some(decide::Awaiting {
-                    label_uid: r.pod_uid,
-                    namespace: r.namespace.unwrap_or_default(),
-                    owner_uid: r.owner_uid.unwrap_or_default(),
-                    hash: r.hash,
-                    expired: now - since >= limit,
-                })
-            })
-            .collect())
+        // Counted from when the pod object's deletion was seen, not from the DELETE: a link
+        // that drops right after the DELETE must not use up the replacement's time.
+        let seen = self.store.deletions_seen(now)?;
+        let mut out = Vec::new();
+        for r in self.store.running_revisions()? {
+            if r.awaiting_since_ms.is_none() {
+                continue;
+            }
+            let (namespace, owner_uid) = (
+                r.namespace.unwrap_or_default(),
+                r.owner_uid.unwrap_or_default(),
+            );
+            // No replacement comes for a DaemonSet that is gone: nothing to wait for.
+            let expired = match seen.get(&r.pod_uid) {
+                Some(s) => now - s >= limit || self.store.daemonset_gone(&namespace, &owner_uid)?,
+                None => false,
+            };
+            out.push(decide::Awaiting {
+                label_uid: r.pod_uid,
+                namespace,
+                owner_uid,
+                hash: r.hash,
+                expired,
+            });
+        }
+        Ok(out)
     }
 
     fn refused_waiting(&self, uid: &str, now: Instant) -> bool {
@@ -696,16 +711,17 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
         current: &Value,
         ours: Value,
     ) -> Result<(), RuntimeError> {
-        if self.queued.is_none() {
+        let taken = self.store.outbox_taken();
+        if self.queued.as_ref().is_none_or(|(t, _)| *t != taken) {
             let mut m = HashMap::new();
             for q in self.store.queued_statuses()? {
                 if let Ok(v) = serde_json::from_str(&q.status) {
                     m.insert(q.pod_uid, v);
                 }
             }
-            self.queued = Some(m);
+            self.queued = Some((taken, m));
         }
-        let queued = self.queued.get_or_insert_with(HashMap::new);
+        let (_, queued) = self.queued.get_or_insert_with(|| (taken, HashMap::new()));
         let uid = &pod.index.uid;
         let ours = status::with_times(&ours, current, queued.get(uid), &crate::time::now());
         if !status::needs_patch(current, &ours) {

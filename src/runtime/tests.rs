@@ -185,3 +185,24 @@ async fn a_volume_the_host_refuses_is_failed_mount_and_the_others_run() {
     assert_eq!(v["conditions"][0]["reason"], "FailedMount");
     assert_eq!(store.queued_events().unwrap().len(), 1);
 }
+
+#[tokio::test]
+async fn a_status_the_outbox_dropped_is_queued_again() {
+    let (_d, store, mut r) = setup();
+    store
+        .apply(Kind::Pod, &[Change::Upsert(pod("a", "img:1"))], None)
+        .unwrap();
+    r.reconcile().await.unwrap();
+    r.reconcile().await.unwrap();
+    assert_eq!(store.queued_statuses().unwrap().len(), 1);
+    // The sender drops it (the Node authorizer kept answering "no relationship found"); the
+    // pod is still cached and its status still not in the cloud.
+    let row = store.outbox().unwrap().remove(0);
+    store.outbox_drop(row.id).unwrap();
+    r.reconcile().await.unwrap();
+    assert_eq!(
+        store.queued_statuses().unwrap().len(),
+        1,
+        "the runtime's copy of the queue follows the outbox"
+    );
+}

@@ -190,6 +190,8 @@ pub fn running_revisions(conn: &Connection) -> Result<Vec<RunningRevision>, Stor
 pub fn forget_running_revision(conn: &Connection, pod_uid: &str) -> Result<(), StoreError> {
     conn.prepare_cached("DELETE FROM running_revisions WHERE pod_uid = ?1")?
         .execute(params![pod_uid])?;
+    conn.prepare_cached("DELETE FROM deletions_seen WHERE pod_uid = ?1")?
+        .execute(params![pod_uid])?;
     Ok(())
 }
 
@@ -223,6 +225,64 @@ pub fn mark_awaiting(conn: &Connection, pod_uid: &str, now_ms: i64) -> Result<()
     Ok(())
 }
 
+/// For each sandbox awaiting adoption whose pod object the cache no longer holds: since when
+/// that is so, on the boot clock (stamped `now_ms` of [`crate::time::boot_ms`] the first time
+/// it is seen, and again after a reboot, when how long it has been is unknown); the records of
+/// sandboxes no longer awaiting go. Writes only when something changed: the runtime asks on
+/// every pass.
+pub fn deletions_seen(
+    conn: &Connection,
+    now_ms: i64,
+) -> Result<std::collections::HashMap<String, i64>, StoreError> {
+    let boot = crate::time::boot_id();
+    conn.prepare_cached("UPDATE deletions_seen SET seen_ms = ?1, boot = ?2 WHERE boot <> ?2")?
+        .execute(params![now_ms, boot])?;
+    let stale: bool = conn
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM running_revisions r WHERE awaiting_since_ms IS NOT NULL
+                 AND NOT EXISTS (SELECT 1 FROM objects WHERE kind = 'Pod' AND uid = r.pod_uid)
+                 AND NOT EXISTS (SELECT 1 FROM deletions_seen WHERE pod_uid = r.pod_uid))
+             OR EXISTS (SELECT 1 FROM deletions_seen d WHERE NOT EXISTS (
+                 SELECT 1 FROM running_revisions WHERE pod_uid = d.pod_uid
+                     AND awaiting_since_ms IS NOT NULL))",
+        )?
+        .query_row([], |r| r.get(0))?;
+    if stale {
+        conn.prepare_cached(
+            "INSERT OR IGNORE INTO deletions_seen (pod_uid, seen_ms, boot)
+             SELECT pod_uid, ?1, ?2 FROM running_revisions r WHERE awaiting_since_ms IS NOT NULL
+                 AND NOT EXISTS (SELECT 1 FROM objects WHERE kind = 'Pod' AND uid = r.pod_uid)",
+        )?
+        .execute(params![now_ms, boot])?;
+        conn.prepare_cached(
+            "DELETE FROM deletions_seen WHERE pod_uid NOT IN (
+                 SELECT pod_uid FROM running_revisions WHERE awaiting_since_ms IS NOT NULL)",
+        )?
+        .execute([])?;
+    }
+    let mut stmt = conn.prepare_cached("SELECT pod_uid, seen_ms FROM deletions_seen")?;
+    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// Whether DaemonSet `owner_uid` is gone from a cache that has listed the DaemonSets of
+/// `namespace` (a cursor says so): deleted, so nothing will replace the pod objects it owned.
+/// A cache still filling (a new file, `--reset-cache`) says nothing.
+pub fn daemonset_gone(
+    conn: &Connection,
+    namespace: &str,
+    owner_uid: &str,
+) -> Result<bool, StoreError> {
+    let all = crate::kube::resource::DAEMONSETS.qualified();
+    let one = format!("{all}@{namespace}");
+    Ok(conn
+        .prepare_cached(
+            "SELECT NOT EXISTS (SELECT 1 FROM objects WHERE kind = 'DaemonSet' AND uid = ?1)
+                 AND EXISTS (SELECT 1 FROM sync_cursors WHERE resource IN (?2, ?3))",
+        )?
+        .query_row(params![owner_uid, all, one], |r| r.get(0))?)
+}
+
 /// Takes back [`mark_awaiting`] when the deletion it was made for did not happen.
 pub fn unmark_awaiting(conn: &Connection, pod_uid: &str) -> Result<(), StoreError> {
     conn.prepare_cached(
@@ -251,6 +311,8 @@ pub fn adopt(
     tx.prepare_cached("UPDATE pod_aliases SET pod_uid = ?2 WHERE pod_uid = ?1")?
         .execute(params![label_uid, pod_uid])?;
     tx.prepare_cached("DELETE FROM running_revisions WHERE pod_uid = ?1")?
+        .execute(params![label_uid])?;
+    tx.prepare_cached("DELETE FROM deletions_seen WHERE pod_uid = ?1")?
         .execute(params![label_uid])?;
     tx.commit()?;
     Ok(())

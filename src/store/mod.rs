@@ -90,6 +90,9 @@ pub struct Store {
     changes: tokio::sync::watch::Sender<u64>,
     /// Bumped when a report (status or Event) is queued, to wake the report sender.
     reports: tokio::sync::watch::Sender<u64>,
+    /// Bumped when the sender takes a row off the queue (delivered or dropped), so the
+    /// runtime's in-memory copy of the queued statuses knows to read the queue again.
+    outbox_taken: std::sync::atomic::AtomicU64,
     /// Bookmark progress waiting to ride along with the next commit ([`cursors`]). Taken
     /// after `conn`, never before.
     cursors: Mutex<cursors::ParkedCursors>,
@@ -148,6 +151,7 @@ impl Store {
             _lock: lock,
             changes: tokio::sync::watch::channel(0).0,
             reports: tokio::sync::watch::channel(0).0,
+            outbox_taken: std::sync::atomic::AtomicU64::new(0),
             cursors: Mutex::new(cursors::ParkedCursors::new(Instant::now())),
         }
     }
@@ -192,6 +196,17 @@ impl Store {
     }
 
     /// The stored resourceVersion of a watched resource, if any.
+    /// Whether a pod list has completed since the cache was created (a pods cursor exists):
+    /// only then does a pod missing from it mean the pod is gone. A store holds one node.
+    pub fn pod_list_seen(&self) -> Result<bool, StoreError> {
+        Ok(self
+            .conn()
+            .prepare_cached(
+                "SELECT EXISTS (SELECT 1 FROM sync_cursors WHERE resource LIKE 'pods?%')",
+            )?
+            .query_row([], |r| r.get(0))?)
+    }
+
     pub fn cursor(&self, resource: &str) -> Result<Option<String>, StoreError> {
         let rv = objects::cursor(&self.conn(), resource)?;
         if let Some(rv) = &rv {
@@ -531,6 +546,17 @@ impl Store {
     }
 
     /// The pod object was not deleted after all: its sandbox is the pod's again.
+    /// Pod uid -> since when (unix ms) the cache no longer holds the pod object of a sandbox
+    /// awaiting adoption: the adopt timeout counts from then.
+    pub fn deletions_seen(&self, now_ms: i64) -> Result<HashMap<String, i64>, StoreError> {
+        journal::deletions_seen(&self.conn(), now_ms)
+    }
+
+    /// Whether a DaemonSet is gone from a cache that has listed its namespace's DaemonSets.
+    pub fn daemonset_gone(&self, namespace: &str, owner_uid: &str) -> Result<bool, StoreError> {
+        journal::daemonset_gone(&self.conn(), namespace, owner_uid)
+    }
+
     pub fn unmark_awaiting_adoption(&self, pod_uid: &str) -> Result<(), StoreError> {
         journal::unmark_awaiting(&self.conn(), pod_uid)?;
         self.notify();
@@ -563,7 +589,7 @@ impl Store {
     /// anything was written: an unchanged status costs no write.
     /// Queues the status edgehub wants a pod to have; returns whether it was written.
     pub fn queue_status(&self, q: &QueuedStatus) -> Result<bool, StoreError> {
-        let wrote = outbox::queue_status(&self.conn(), q, crate::time::now_ms())?;
+        let wrote = outbox::queue_status(&mut self.conn(), q, crate::time::now_ms())?;
         if wrote {
             self.report_queued();
         }
@@ -667,7 +693,7 @@ impl Store {
         outbox::queued_events(&self.conn())
     }
 
-    /// The rows to send, in order (parked ones left out).
+    /// The rows to send, in order (parked ones too, tried again when due).
     pub fn outbox(&self) -> Result<Vec<OutboxRow>, StoreError> {
         outbox::rows(&self.conn())
     }
@@ -689,19 +715,34 @@ impl Store {
 
     /// A row was delivered as `sent` was (what changed meanwhile stays queued).
     pub fn outbox_delivered(&self, sent: &OutboxRow) -> Result<(), StoreError> {
-        outbox::delivered(&mut self.conn(), sent)
+        outbox::delivered(&mut self.conn(), sent)?;
+        self.took_from_outbox();
+        Ok(())
     }
 
     pub fn outbox_drop(&self, id: i64) -> Result<(), StoreError> {
-        outbox::drop_row(&self.conn(), id)
+        outbox::drop_row(&self.conn(), id)?;
+        self.took_from_outbox();
+        Ok(())
+    }
+
+    fn took_from_outbox(&self) {
+        self.outbox_taken
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Counts the rows the sender took off the queue: when it changed, a copy of the queue
+    /// read before may hold statuses that are no longer queued.
+    pub fn outbox_taken(&self) -> u64 {
+        self.outbox_taken.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     pub fn outbox_retry(&self, id: i64, next_ms: i64, error: &str) -> Result<(), StoreError> {
         outbox::retry(&self.conn(), id, next_ms, error)
     }
 
-    pub fn outbox_park(&self, id: i64, error: &str) -> Result<(), StoreError> {
-        outbox::park(&self.conn(), id, error)
+    pub fn outbox_park(&self, id: i64, next_ms: i64, error: &str) -> Result<(), StoreError> {
+        outbox::park(&self.conn(), id, next_ms, error)
     }
 
     pub fn count(&self, kind: crate::object::Kind) -> Result<u64, StoreError> {

@@ -4,12 +4,13 @@
 //!
 //! A row has a kind (a pod's wanted status, or an Event), the pod it is about, a dedupe key,
 //! its body, how often it was tried, when it may be tried next, and the last error. Rows are
-//! sent in order per pod. Queuing a status again replaces the pod's queued one in place (the
-//! latest wins, and keeps its place); queuing an Event again counts one more occurrence, and
-//! the Event's series (`event_series`: its total count, its first timestamp, whether the
-//! apiserver holds it) is kept beside the queue, since a node may not read Events back. A
-//! row the apiserver refuses for good is parked: kept with its error, shown, and no longer
-//! in the way of the rows behind it.
+//! sent in order per pod. Queuing a status again replaces the pod's queued one (the latest
+//! wins, and goes behind what was queued before it); queuing an Event again counts one more
+//! occurrence (the row keeps the place of its first undelivered one), and the Event's series
+//! (`event_series`: its total count, its first timestamp, whether the apiserver holds it) is
+//! kept beside the queue, since a node may not read Events back. A
+//! row the apiserver refuses is parked: kept with its error, shown, no longer in the way of
+//! the rows behind it, and tried again now and then.
 
 use super::StoreError;
 use rusqlite::{params, Connection, OptionalExtension, Row};
@@ -109,26 +110,39 @@ fn event_key(key: &str) -> String {
     format!("event/{key}")
 }
 
-/// Queues (or replaces, in place) a pod's wanted status; returns whether anything was written.
-/// A new status for a parked row gives it another chance.
-pub fn queue_status(conn: &Connection, q: &QueuedStatus, now_ms: i64) -> Result<bool, StoreError> {
-    let n = conn
-        .prepare_cached(
-            "INSERT INTO outbox (kind, pod_uid, namespace, name, dedupe, body, queued_ms)
-             VALUES ('status', ?1, ?2, ?3, ?4, ?5, ?6)
-             ON CONFLICT (dedupe) DO UPDATE SET body = excluded.body, name = excluded.name,
-                 namespace = excluded.namespace, parked = 0, next_attempt_ms = 0
-             WHERE body != excluded.body",
-        )?
-        .execute(params![
-            q.pod_uid,
-            q.namespace,
-            q.name,
-            status_key(&q.pod_uid),
-            q.status,
-            now_ms
-        ])?;
-    Ok(n > 0)
+/// Queues a pod's wanted status, replacing the one queued before; returns whether anything
+/// was written. The new one goes to the back of the queue: it is what the pod is now, after
+/// the Events queued since the old one, and must not overtake them. A new status for a
+/// parked row gives it another chance (it starts afresh).
+pub fn queue_status(
+    conn: &mut Connection,
+    q: &QueuedStatus,
+    now_ms: i64,
+) -> Result<bool, StoreError> {
+    let key = status_key(&q.pod_uid);
+    let same: bool = conn
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM outbox WHERE dedupe = ?1 AND body = ?2)")?
+        .query_row(params![key, q.status], |r| r.get(0))?;
+    if same {
+        return Ok(false);
+    }
+    let tx = conn.transaction()?;
+    tx.prepare_cached("DELETE FROM outbox WHERE dedupe = ?1")?
+        .execute(params![key])?;
+    tx.prepare_cached(
+        "INSERT INTO outbox (kind, pod_uid, namespace, name, dedupe, body, queued_ms)
+         VALUES ('status', ?1, ?2, ?3, ?4, ?5, ?6)",
+    )?
+    .execute(params![
+        q.pod_uid,
+        q.namespace,
+        q.name,
+        key,
+        q.status,
+        now_ms
+    ])?;
+    tx.commit()?;
+    Ok(true)
 }
 
 /// The queued statuses that are not parked, oldest first.
@@ -255,22 +269,18 @@ pub fn queued_events(conn: &Connection) -> Result<Vec<QueuedEvent>, StoreError> 
     Ok(rows.collect::<Result<_, _>>()?)
 }
 
-/// Every row that is not parked, in the order they are sent (oldest first; per pod, in
-/// the order they were queued).
+/// Every row, in the order they are sent (oldest first; per pod, in the order they were
+/// queued). Parked rows are among them: the sender tries them again when they are due.
 pub fn rows(conn: &Connection) -> Result<Vec<OutboxRow>, StoreError> {
-    let mut stmt = conn.prepare_cached(&format!(
-        "SELECT {COLUMNS} FROM outbox WHERE parked = 0 ORDER BY id"
-    ))?;
+    let mut stmt = conn.prepare_cached(&format!("SELECT {COLUMNS} FROM outbox ORDER BY id"))?;
     let rows = stmt.query_map([], row)?;
     Ok(rows.collect::<Result<_, _>>()?)
 }
 
-/// The earliest retry time after `now_ms` among rows waiting for one (not parked).
+/// The earliest retry time after `now_ms` among rows waiting for one (parked ones too).
 pub fn next_attempt_after(conn: &Connection, now_ms: i64) -> Result<Option<i64>, StoreError> {
     Ok(conn
-        .prepare_cached(
-            "SELECT MIN(next_attempt_ms) FROM outbox WHERE parked = 0 AND next_attempt_ms > ?1",
-        )?
+        .prepare_cached("SELECT MIN(next_attempt_ms) FROM outbox WHERE next_attempt_ms > ?1")?
         .query_row(params![now_ms], |r| r.get::<_, Option<i64>>(0))?)
 }
 
@@ -329,12 +339,14 @@ pub fn retry(conn: &Connection, id: i64, next_ms: i64, error: &str) -> Result<()
     Ok(())
 }
 
-/// A row the apiserver refused for good: kept with its error, out of the way.
-pub fn park(conn: &Connection, id: i64, error: &str) -> Result<(), StoreError> {
+/// A row the apiserver refused: kept with its error, out of the way of the rows behind it,
+/// and tried again at `next_ms`.
+pub fn park(conn: &Connection, id: i64, next_ms: i64, error: &str) -> Result<(), StoreError> {
     conn.prepare_cached(
-        "UPDATE outbox SET attempts = attempts + 1, parked = 1, last_error = ?2 WHERE id = ?1",
+        "UPDATE outbox SET attempts = attempts + 1, parked = 1, next_attempt_ms = ?2,
+             last_error = ?3 WHERE id = ?1",
     )?
-    .execute(params![id, error])?;
+    .execute(params![id, next_ms, error])?;
     Ok(())
 }
 

@@ -208,6 +208,17 @@ const MIGRATIONS: &[&str] = &[
         FROM outbox WHERE kind = 'event';
     UPDATE outbox SET body = json_remove(body, '$.metadata.annotations.\"edgehub.io/delivery\"')
         WHERE kind = 'event';",
+    // 11 -> 12: when edgehub saw the pod object of a sandbox awaiting adoption go (its
+    // deletion in the cache). The adopt timeout counts from then, not from the DELETE: a
+    // link that drops right after the DELETE must not use up the replacement's time. A table
+    // of its own, so a file taken back to an older version in a test migrates again.
+    // `seen_ms` is on the boot clock of `boot` (time::boot_ms, boot_id): a wall clock that
+    // jumps must not expire an adoption at once or hold it off for hours.
+    "CREATE TABLE IF NOT EXISTS deletions_seen (
+        pod_uid  TEXT PRIMARY KEY NOT NULL,
+        seen_ms  INTEGER NOT NULL,
+        boot     TEXT NOT NULL DEFAULT ''
+    ) WITHOUT ROWID;",
 ];
 
 /// The schema version this binary writes.

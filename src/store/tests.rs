@@ -859,3 +859,123 @@ fn queued_events_start_their_series_when_the_file_is_migrated() {
         })
     );
 }
+
+#[test]
+fn the_adopt_timeout_counts_from_when_the_pod_objects_deletion_was_seen() {
+    let (_d, path) = db();
+    let s = Store::open(&path, OpenMode::Normal).unwrap();
+    let p = pod("a", "1");
+    s.apply(Kind::Pod, &[Change::Upsert(p.clone())], None)
+        .unwrap();
+    let c = s.conn();
+    c.execute(
+        "INSERT INTO running_revisions (pod_uid, hash, images, committed_ms) VALUES ('uid-a', 'h2', '{}', 1)",
+        [],
+    )
+    .unwrap();
+    // Marked at 1000 (the DELETE goes out), its pod object still cached: nothing seen.
+    journal::mark_awaiting(&c, "uid-a", 1_000).unwrap();
+    assert!(journal::deletions_seen(&c, 2_000).unwrap().is_empty());
+    drop(c);
+    // The watch tells of the deletion; it is seen at 50_000, long after the mark.
+    s.apply(
+        Kind::Pod,
+        &[Change::Delete {
+            namespace: "ns".into(),
+            name: "a".into(),
+        }],
+        None,
+    )
+    .unwrap();
+    assert_eq!(
+        s.deletions_seen(50_000).unwrap(),
+        HashMap::from([("uid-a".to_string(), 50_000)])
+    );
+    assert_eq!(
+        s.deletions_seen(60_000).unwrap()["uid-a"],
+        50_000,
+        "the first sighting stays"
+    );
+    // Adopted: nothing awaits any more.
+    s.adopt("uid-a", "uid-b").unwrap();
+    assert!(s.deletions_seen(70_000).unwrap().is_empty());
+}
+
+#[test]
+fn a_daemonset_is_gone_only_from_a_cache_that_has_listed_daemonsets() {
+    let (_d, path) = db();
+    let s = Store::open(&path, OpenMode::Normal).unwrap();
+    let ds = StoredObject::from_raw(
+        Kind::DaemonSet,
+        r#"{"metadata":{"name":"ds","namespace":"ns","uid":"ds1","resourceVersion":"1"}}"#.into(),
+    )
+    .unwrap();
+    // A cache still filling says nothing.
+    assert!(!s.daemonset_gone("ns", "ds1").unwrap());
+    s.apply(
+        Kind::DaemonSet,
+        &[Change::Upsert(ds)],
+        Some(("daemonsets.apps", "1")),
+    )
+    .unwrap();
+    assert!(!s.daemonset_gone("ns", "ds1").unwrap());
+    s.apply(
+        Kind::DaemonSet,
+        &[Change::Delete {
+            namespace: "ns".into(),
+            name: "ds".into(),
+        }],
+        Some(("daemonsets.apps", "2")),
+    )
+    .unwrap();
+    assert!(s.daemonset_gone("ns", "ds1").unwrap());
+    // The all-namespaces list covers every namespace.
+    assert!(s.daemonset_gone("other", "ds1").unwrap());
+}
+
+#[test]
+fn a_replaced_status_costs_four_wal_frames_and_an_unchanged_one_none() {
+    let (_d, path) = db();
+    let s = Store::open(&path, OpenMode::Normal).unwrap();
+    let q = |i: usize, phase: &str| QueuedStatus {
+        pod_uid: format!("u{i}"),
+        namespace: "ns".into(),
+        name: format!("p{i}"),
+        status: format!("{{\"phase\":\"{phase}\"}}"),
+    };
+    for i in 0..20 {
+        s.queue_status(&q(i, "Pending")).unwrap();
+    }
+    let checkpoint = |s: &Store, mode: &str| -> i64 {
+        s.conn()
+            .query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| r.get(1))
+            .unwrap()
+    };
+    checkpoint(&s, "TRUNCATE");
+    assert!(!s.queue_status(&q(3, "Pending")).unwrap());
+    assert_eq!(checkpoint(&s, "PASSIVE"), 0, "unchanged: nothing written");
+    checkpoint(&s, "TRUNCATE");
+    assert!(s.queue_status(&q(3, "Running")).unwrap());
+    // Moved to the back of the queue: the row, its two indexes and sqlite_sequence (an
+    // update in place was 2).
+    assert_eq!(checkpoint(&s, "PASSIVE"), 4);
+}
+
+#[test]
+fn a_deletion_seen_in_another_boot_is_seen_again_now() {
+    let (_d, path) = db();
+    let s = Store::open(&path, OpenMode::Normal).unwrap();
+    let c = s.conn();
+    c.execute(
+        "INSERT INTO running_revisions (pod_uid, hash, images, committed_ms, awaiting_since_ms)
+         VALUES ('uid-a', 'h2', '{}', 1, 1)",
+        [],
+    )
+    .unwrap();
+    assert_eq!(journal::deletions_seen(&c, 5_000).unwrap()["uid-a"], 5_000);
+    // The device rebooted: the boot clock starts again, and how long ago is unknown.
+    c.execute("UPDATE deletions_seen SET boot = 'another-boot'", [])
+        .unwrap();
+    assert_eq!(journal::deletions_seen(&c, 300).unwrap()["uid-a"], 300);
+    assert_eq!(journal::deletions_seen(&c, 900).unwrap()["uid-a"], 300);
+}

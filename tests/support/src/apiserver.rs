@@ -10,7 +10,8 @@
 //! Fault knobs: [`FakeApiServer::fail_next`] (500, 429 with Retry-After, ...),
 //! [`FakeApiServer::cut_next_watch_events`] (a stream cut in the middle of an event),
 //! [`FakeApiServer::corrupt_next_watch_events`] (a malformed line), [`FakeApiServer::stall`],
-//! [`FakeApiServer::lose_next_answers`] (a write lands, its answer never leaves), and
+//! [`FakeApiServer::lose_next_answers`] (a write lands, its answer never leaves),
+//! [`FakeApiServer::remove_token`] (a token stops authenticating: 401), and
 //! [`FakeApiServer::set_offline`] (connections refused, open ones dropped).
 
 use crate::certs::TestPki;
@@ -476,6 +477,31 @@ impl FakeApiServer {
             .cloned()
     }
 
+    /// Waits for the object to satisfy `pred`, looking at it again at each write the server
+    /// commits (no polling): `Ok` with the object, or, after `timeout`, `Err` with what it
+    /// last was (`Null` when absent).
+    pub async fn wait_for_object(
+        &self,
+        plural: &str,
+        namespace: &str,
+        name: &str,
+        timeout: Duration,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Result<Value, Value> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut writes = self.state.rv_tx.subscribe();
+        loop {
+            let now = self.get(plural, namespace, name).unwrap_or(Value::Null);
+            if pred(&now) {
+                return Ok(now);
+            }
+            match tokio::time::timeout_at(deadline, writes.changed()).await {
+                Ok(Ok(())) => {}
+                _ => return Err(now),
+            }
+        }
+    }
+
     pub fn list(&self, plural: &str) -> Vec<Value> {
         lock(&self.state.db)
             .objects
@@ -712,6 +738,12 @@ impl FakeApiServer {
 
     pub fn add_token(&self, token: &str, user: &str) {
         lock(&self.state.tokens).insert(token.into(), user.into());
+    }
+
+    /// The token no longer authenticates: every request with it gets the recorded 401
+    /// (`unauthorized_bad_token`), as when a credential lapses. [`Self::add_token`] restores it.
+    pub fn remove_token(&self, token: &str) {
+        lock(&self.state.tokens).remove(token);
     }
 
     pub fn requests(&self) -> Vec<LoggedRequest> {
@@ -1152,6 +1184,18 @@ async fn handle(
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+    let lost = {
+        let mut f = lock(&state.faults);
+        let pos = f.lose_answers.iter().position(|l| {
+            l.method == method.as_str() && l.uri_contains.iter().all(|p| uri.contains(p.as_str()))
+        });
+        pos.and_then(|i| f.lose_answers.remove(i))
+    };
+    if lost.as_ref().is_some_and(|l| l.then_stall) {
+        // Before the write commits: no watch may tell of it (they read the history under
+        // the same lock the write takes, and look at this flag there).
+        state.stalled.store(true, Ordering::SeqCst);
+    }
 
     let resp = route(
         &state,
@@ -1174,13 +1218,6 @@ async fn handle(
         ),
         None => ("unknown", String::new()),
     };
-    let lost = {
-        let mut f = lock(&state.faults);
-        let pos = f.lose_answers.iter().position(|l| {
-            l.method == method.as_str() && l.uri_contains.iter().all(|p| uri.contains(p.as_str()))
-        });
-        pos.and_then(|i| f.lose_answers.remove(i))
-    };
     lock(&state.log).push(LoggedRequest {
         verb,
         resource,
@@ -1193,12 +1230,7 @@ async fn handle(
         at,
     });
     match lost {
-        Some(l) => {
-            if l.then_stall {
-                state.stalled.store(true, Ordering::SeqCst);
-            }
-            Err(AnswerLost)
-        }
+        Some(_) => Err(AnswerLost),
         None => Ok(resp),
     }
 }
@@ -2491,6 +2523,9 @@ async fn watch_task(
         // claims a version whose events were not sent.
         let (events, current): (Vec<(u64, &'static str, Value)>, u64) = {
             let db = lock(&state.db);
+            if state.stalled.load(Ordering::SeqCst) {
+                continue;
+            }
             let evs = db
                 .history
                 .iter()
