@@ -176,6 +176,23 @@ fn spawn_reporter(e: &Env, client: &edgehub::kube::ApiClient) {
     tokio::spawn(edgehub::outbox::Sender::new(client.clone(), e.store.clone()).run(None, rx));
 }
 
+fn outbox_empty(store: &Store) -> bool {
+    store.outbox().unwrap().is_empty()
+}
+
+/// After a pass that should have queued nothing: the outbox is empty, and then the server has
+/// still seen only what `unchanged` expects. The report sender removes a row only once the
+/// apiserver answered it, so a row the pass queued is either still in the outbox or already
+/// in the server's log: no wait stands in for "nothing was sent".
+fn assert_nothing_sent(store: &Store, unchanged: impl Fn() -> bool) {
+    assert!(
+        outbox_empty(store),
+        "the pass queued a report: {:?}",
+        store.outbox().unwrap()
+    );
+    assert!(unchanged(), "a report reached the apiserver");
+}
+
 fn status_patches(server: &edgehub_testsupport::FakeApiServer) -> usize {
     server.count(|r| r.verb == "patch" && r.resource == "pods/status")
 }
@@ -479,11 +496,13 @@ async fn pod_status_reaches_the_apiserver_and_waits_while_offline() {
     assert_eq!(ready["status"], "True");
     // The cache holds what the apiserver answered: nothing more is queued or sent.
     put(&e.store, &server.get("pods", "rt", "status").unwrap());
+    common::wait_until(10, "the reports so far delivered", || {
+        outbox_empty(&e.store)
+    })
+    .await;
     let patches = status_patches(&server);
     r.reconcile().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(status_patches(&server), patches);
-    assert!(e.store.queued_statuses().unwrap().is_empty());
+    assert_nothing_sent(&e.store, || status_patches(&server) == patches);
 
     // Offline: the container dies and is restarted; the new status waits in the queue.
     server.set_offline(true).await.unwrap();
@@ -561,13 +580,15 @@ async fn an_unsupported_pod_gets_a_condition_naming_the_field() {
         .as_str()
         .unwrap()
         .contains("spec.volumes[0].iscsi"));
+    common::wait_until(10, "the reports so far delivered", || {
+        outbox_empty(&e.store)
+    })
+    .await;
     r.reconcile().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(
-        server.count(|r| r.verb == "create" && r.resource == "events"),
-        1,
-        "sent once"
-    );
+    assert_nothing_sent(&e.store, || {
+        server.count(|r| r.verb == "create" && r.resource == "events") == 1
+            && status_patches(&server) == 1
+    });
 }
 
 async fn exec(c: &CriClient, id: &str, cmd: &[&str]) -> String {
