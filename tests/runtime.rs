@@ -176,6 +176,23 @@ fn spawn_reporter(e: &Env, client: &edgehub::kube::ApiClient) {
     tokio::spawn(edgehub::outbox::Sender::new(client.clone(), e.store.clone()).run(None, rx));
 }
 
+fn outbox_empty(store: &Store) -> bool {
+    store.outbox().unwrap().is_empty()
+}
+
+/// After a pass that should have queued nothing: the outbox is empty, and then the server has
+/// still seen only what `unchanged` expects. The report sender removes a row only once the
+/// apiserver answered it, so a row the pass queued is either still in the outbox or already
+/// in the server's log: no wait stands in for "nothing was sent".
+fn assert_nothing_sent(store: &Store, unchanged: impl Fn() -> bool) {
+    assert!(
+        outbox_empty(store),
+        "the pass queued a report: {:?}",
+        store.outbox().unwrap()
+    );
+    assert!(unchanged(), "a report reached the apiserver");
+}
+
 fn status_patches(server: &edgehub_testsupport::FakeApiServer) -> usize {
     server.count(|r| r.verb == "patch" && r.resource == "pods/status")
 }
@@ -479,11 +496,13 @@ async fn pod_status_reaches_the_apiserver_and_waits_while_offline() {
     assert_eq!(ready["status"], "True");
     // The cache holds what the apiserver answered: nothing more is queued or sent.
     put(&e.store, &server.get("pods", "rt", "status").unwrap());
+    common::wait_until(10, "the reports so far delivered", || {
+        outbox_empty(&e.store)
+    })
+    .await;
     let patches = status_patches(&server);
     r.reconcile().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(status_patches(&server), patches);
-    assert!(e.store.queued_statuses().unwrap().is_empty());
+    assert_nothing_sent(&e.store, || status_patches(&server) == patches);
 
     // Offline: the container dies and is restarted; the new status waits in the queue.
     server.set_offline(true).await.unwrap();
@@ -561,13 +580,15 @@ async fn an_unsupported_pod_gets_a_condition_naming_the_field() {
         .as_str()
         .unwrap()
         .contains("spec.volumes[0].iscsi"));
+    common::wait_until(10, "the reports so far delivered", || {
+        outbox_empty(&e.store)
+    })
+    .await;
     r.reconcile().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(
-        server.count(|r| r.verb == "create" && r.resource == "events"),
-        1,
-        "sent once"
-    );
+    assert_nothing_sent(&e.store, || {
+        server.count(|r| r.verb == "create" && r.resource == "events") == 1
+            && status_patches(&server) == 1
+    });
 }
 
 async fn exec(c: &CriClient, id: &str, cmd: &[&str]) -> String {
@@ -1702,4 +1723,200 @@ async fn a_pods_containers_are_stopped_together() {
         "two containers ignoring SIGTERM, grace 2 s: stopped in {:?}",
         stops.iter().map(|c| c.ended).max().unwrap() - first.began
     );
+}
+
+/// Unmounts a test's tmpfs when dropped (lazily: containerd may still hold a log open).
+struct Unmount(PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// An [`Env`] whose data dir (the store, the pods' directories and logs) is a tmpfs of
+/// `size_kib`, so a test can fill it.
+fn env_on_tmpfs(size_kib: u64) -> (Env, Unmount) {
+    let socket = common::cri_stack();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let st = std::process::Command::new("mount")
+        .args([
+            "-t",
+            "tmpfs",
+            "-o",
+            &format!("size={size_kib}k,mode=0700"),
+            "tmpfs",
+        ])
+        .arg(&data)
+        .status()
+        .expect("mount runs");
+    assert!(st.success(), "mounting a tmpfs needs root");
+    let unmount = Unmount(data.clone());
+    let store = Arc::new(Store::open(&data.join("edgehub.db"), OpenMode::Normal).unwrap());
+    let node = uid("node");
+    store
+        .set_cursor(&edgehub::sync::pods_cursor_key(&node), "1")
+        .unwrap();
+    (
+        Env {
+            node,
+            socket,
+            _dir: dir,
+            data,
+            store,
+        },
+        unmount,
+    )
+}
+
+/// Fills the file system of `dir` to the last byte; returns the file that holds it.
+fn fill(dir: &Path) -> PathBuf {
+    use std::io::Write;
+    let path = dir.join("filler");
+    let mut f = std::fs::File::create(&path).unwrap();
+    for chunk in [1 << 20, 4096, 1] {
+        let buf = vec![0u8; chunk];
+        while f.write_all(&buf).is_ok() {}
+    }
+    let _ = f.sync_all();
+    path
+}
+
+fn outbox_reasons(db: &Path) -> Vec<String> {
+    let conn =
+        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap();
+    let mut stmt = conn
+        .prepare("SELECT body FROM outbox WHERE kind = 'event'")
+        .unwrap();
+    stmt.query_map([], |r| r.get::<_, String>(0))
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter_map(|b| serde_json::from_str::<Value>(&b).ok())
+        .map(|v| v["reason"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+fn restarts_reported(server: &edgehub_testsupport::FakeApiServer, name: &str) -> i64 {
+    server.get("pods", "rt", name).unwrap()["status"]["containerStatuses"][0]["restartCount"]
+        .as_i64()
+        .unwrap_or(0)
+}
+
+/// The data dir's file system is full, so the store can write nothing: a crashing container
+/// is still restarted and a failing liveness probe still kills, though a third pod's new
+/// status (it completed) cannot be queued; the reports (the Unhealthy Event, the restart
+/// counts, the completion) reach the apiserver once there is space again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_stops_no_restart_and_no_liveness_kill() {
+    let (e, _unmount) = env_on_tmpfs(8 * 1024);
+    let _cleanup = cleanup(&e);
+    let (server, _kdir, client) = cloud(&e).await;
+    let cri = CriClient::new(&e.socket);
+    let (crash_id, sick_id) = (uid("full-crash"), uid("full-sick"));
+    let mut crash = pod("full-crash", &crash_id, "127.0.0.1:5000/busybox:1.0");
+    crash["spec"]["containers"][0]["command"] = json!(["sh", "-c", "sleep 1; exit 3"]);
+    let mut sick = pod("full-sick", &sick_id, "127.0.0.1:5000/busybox:1.0");
+    sick["spec"]["containers"][0]["command"] = json!(["sh", "-c", "while true; do sleep 1; done"]);
+    sick["spec"]["containers"][0]["livenessProbe"] = json!({
+        "exec": {"command": ["sh", "-c", "[ ! -e /tmp/sick ]"]}, "periodSeconds": 1, "failureThreshold": 2});
+    let done_id = uid("full-done");
+    let mut done = pod("full-done", &done_id, "127.0.0.1:5000/busybox:1.0");
+    done["spec"]["restartPolicy"] = json!("Never");
+    done["spec"]["containers"][0]["command"] =
+        json!(["sh", "-c", "while [ ! -e /tmp/done ]; do sleep 1; done"]);
+    for p in [crash, sick, done] {
+        let name = p["metadata"]["name"].as_str().unwrap().to_string();
+        server.apply("pods", p);
+        put(&e.store, &server.get("pods", "rt", &name).unwrap());
+    }
+    let mut r = reconciler(&e, Some(client));
+    r.host_ip = Some("127.0.0.1".into());
+    let stop = spawn_loop(r);
+    common::wait_until(30, "the pods run and the crashes are reported", || {
+        futures_now(running(&cri, &sick_id)).len() == 1
+            && futures_now(running(&cri, &done_id)).len() == 1
+            && restarts_reported(&server, "full-crash") >= 1
+    })
+    .await;
+
+    // The disk fills. SQLite would reuse the WAL's space for a while: it goes first.
+    let db = e.data.join("edgehub.db");
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.busy_timeout(Duration::from_secs(5)).unwrap();
+    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        .unwrap();
+    drop(conn);
+    let filler = fill(&e.data);
+    assert!(
+        e.store.set_cursor("full-disk-test", "1").is_err(),
+        "the store can write nothing"
+    );
+    let attempt_of = |id: &str| {
+        futures_now(containers_of(&cri, id))
+            .iter()
+            .map(|c| c.metadata.as_ref().unwrap().attempt)
+            .max()
+            .unwrap_or(0)
+    };
+    let crashed_before = attempt_of(&crash_id);
+    // A pod completes: its status is owed from now on.
+    let finishing = running(&cri, &done_id).await[0].id.clone();
+    exec(&cri, &finishing, &["/bin/busybox", "touch", "/tmp/done"]).await;
+    common::wait_until(
+        30,
+        "the crashing container is restarted while the disk is full",
+        || attempt_of(&crash_id) >= crashed_before + 2,
+    )
+    .await;
+    let sick_before = running(&cri, &sick_id).await[0].id.clone();
+    exec(&cri, &sick_before, &["sh", "-c", "echo > /tmp/sick"]).await;
+    common::wait_until(
+        30,
+        "the failing liveness probe kills while the disk is full",
+        || {
+            futures_now(running(&cri, &sick_id))
+                .iter()
+                .any(|c| c.id != sick_before)
+        },
+    )
+    .await;
+    assert!(
+        e.store.set_cursor("full-disk-test", "1").is_err(),
+        "the disk was full all along"
+    );
+    assert!(
+        !outbox_reasons(&db).iter().any(|r| r == "Unhealthy"),
+        "nothing reached the store meanwhile"
+    );
+    let reported = restarts_reported(&server, "full-crash");
+
+    // Space again: the reports follow.
+    std::fs::remove_file(&filler).unwrap();
+    common::wait_until(30, "the Unhealthy Event reaches the apiserver", || {
+        server
+            .get("events", "rt", "full-sick.edgehub-unhealthy")
+            .is_some()
+    })
+    .await;
+    common::wait_until(
+        30,
+        "the restarts and the completion reach the apiserver",
+        || {
+            restarts_reported(&server, "full-sick") >= 1
+                && restarts_reported(&server, "full-crash") > reported
+                && server.get("pods", "rt", "full-done").unwrap()["status"]["phase"] == "Succeeded"
+        },
+    )
+    .await;
+    drop(stop);
+    for n in ["full-crash", "full-sick", "full-done"] {
+        remove(&e.store, &server.get("pods", "rt", n).unwrap());
+    }
+    reconciler(&e, None).reconcile().await.unwrap();
 }

@@ -14,6 +14,10 @@
 //! A pod can be held by someone else: [`PodLocks`] is shared with the upgrade engine, and a
 //! pod the engine holds gets no action, no status and no cleanup from the runtime.
 //!
+//! What the runtime reports (statuses, Warning Events) is written to the store, and a store
+//! that cannot write (a full disk) stops none of it: restarts, starts, stops and probes carry
+//! on, and the reports wait in memory ([`Owed`]) and are written once the store can again.
+//!
 //! Until the pod list has completed since the cache was created ("sources ready"), nothing
 //! edgehub runs is stopped for being missing from the cache: an empty cache (a new data dir,
 //! `--reset-cache`, a corrupt file moved aside) must not kill a vehicle's workloads.
@@ -37,7 +41,7 @@ use decide::{Action, DesiredPod, Inputs, Memory, Restarts};
 use observe::Observer;
 use probes::ContainerProbes;
 use serde_json::Value;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -75,6 +79,50 @@ pub struct Pass {
     pub unsupported: Vec<(String, Unsupported)>,
     /// Sandboxes left running because the cache has not seen a full pod list yet.
     pub kept_unsynced: usize,
+}
+
+/// A report the store could not take yet (a full disk), kept until it can.
+#[derive(Debug, Clone, Default)]
+struct Owed {
+    /// Warning Events by (pod uid, reason): the latest occurrence, and how many there were.
+    warnings: BTreeMap<(String, String), OwedWarning>,
+    /// The status of a refused pod, by uid (a settled pod's is computed again each pass).
+    statuses: BTreeMap<String, Value>,
+    /// Pods whose adoption aliases are to be forgotten (their objects are gone).
+    aliases: BTreeSet<String>,
+    /// A settled pod's status could not be queued: the next relist is a full pass.
+    settled: bool,
+}
+
+#[derive(Debug, Clone)]
+struct OwedWarning {
+    pod: StoredObject,
+    message: String,
+    /// When it last happened (RFC 3339), as the Event says.
+    at: String,
+    times: u32,
+}
+
+impl Owed {
+    fn is_empty(&self) -> bool {
+        self.warnings.is_empty() && self.statuses.is_empty() && self.aliases.is_empty()
+    }
+
+    /// Keeps `times` occurrences of a Warning Event: one per pod and reason, the latest
+    /// message and time, the occurrences added up (the Event's count grows by them all).
+    fn warning(&mut self, pod: &StoredObject, reason: &str, message: &str, at: String, times: u32) {
+        let key = (pod.index.uid.clone(), reason.to_string());
+        let w = self.warnings.entry(key).or_insert_with(|| OwedWarning {
+            pod: pod.clone(),
+            message: String::new(),
+            at: String::new(),
+            times: 0,
+        });
+        w.pod = pod.clone();
+        w.message = message.to_string();
+        w.at = at;
+        w.times = w.times.saturating_add(times);
+    }
 }
 
 /// Who holds a pod.
@@ -164,6 +212,10 @@ pub struct Reconciler<R: CriRuntime> {
     task_pods: HashMap<tokio::task::Id, String>,
     /// The runtime failed on the last pass (logged once).
     failing: bool,
+    /// Reports the store could not take yet.
+    owed: Owed,
+    /// Reports could not be written (logged once).
+    reports_failing: bool,
     warned_unsynced: bool,
     /// What the last snapshot looked like, so an unchanged relist is not a full pass.
     last_seen: u64,
@@ -205,6 +257,8 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
             deferred: false,
             task_pods: HashMap::new(),
             failing: false,
+            owed: Owed::default(),
+            reports_failing: false,
             warned_unsynced: false,
             last_seen: 0,
             again: false,
@@ -274,9 +328,13 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
                     tracing::warn!(error = %e, "pod runtime cannot reconcile; retrying");
                 }
                 self.failing = true;
-                // What the probes and the observer knew is stale once the runtime failed.
-                self.probes.clear();
-                self.observer.forget();
+                // What the probes and the observer knew is stale once the runtime went away
+                // (its ids may be reused). A store that could not be read changes nothing
+                // of it: liveness must still reach its threshold.
+                if matches!(e, RuntimeError::Cri(_)) {
+                    self.probes.clear();
+                    self.observer.forget();
+                }
             }
         }
     }
@@ -338,6 +396,7 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
         while let Some(done) = self.tasks.try_join_next_with_id() {
             self.finished(done, pass);
         }
+        self.pay_owed();
         let now = Instant::now();
         // Who holds which pod, read before the snapshot: a pod the engine held while the
         // runtime was observed may be mid-swap in it, and must get nothing from this pass
@@ -349,7 +408,7 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
             .await?;
         snapshot.apply_aliases(self.store.pod_aliases()?);
         let seen = snapshot.fingerprint();
-        if !forced && !self.again && seen == self.last_seen {
+        if !forced && !self.again && !self.owed.settled && seen == self.last_seen {
             return Ok(());
         }
         self.last_seen = seen;
@@ -398,6 +457,8 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
         self.note_unsynced(&desired, &snapshot, sources_ready, &held, pass);
 
         let by_uid: HashMap<&str, &DesiredPod> = desired.iter().map(|p| (p.uid(), p)).collect();
+        // Every settled pod's status reached the store (else the next relist tries again).
+        let mut settled_ok = true;
         let mut io: BTreeMap<String, Vec<Action>> = BTreeMap::new();
         for a in actions {
             match a {
@@ -418,7 +479,7 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
                     error,
                 } => {
                     if let Some(pod) = by_uid.get(uid.as_str()) {
-                        self.blocked(pod, reason, &message, warn)?;
+                        settled_ok &= self.blocked(pod, reason, &message, warn);
                         match error {
                             PlanError::Unsupported(u) => {
                                 pass.unsupported.push((pod.obj.index.name.clone(), u))
@@ -432,7 +493,12 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
                 Action::Adopt { label_uid, uid } => {
                     tracing::info!(pod_uid = %uid, adopts = %label_uid,
                         "the replacement pod adopts the running sandbox; nothing restarts");
-                    self.store.adopt(&label_uid, &uid)?;
+                    // Not adopted yet (the store cannot write): the next pass decides again.
+                    if let Err(e) = self.store.adopt(&label_uid, &uid) {
+                        tracing::warn!(pod_uid = %uid, error = %e, "cannot record the adoption; trying again");
+                        self.again = true;
+                        continue;
+                    }
                     if let Some(pod) = by_uid.get(uid.as_str()) {
                         self.link_token_volume(&label_uid, pod);
                     }
@@ -441,7 +507,10 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
                     tracing::warn!(pod_uid = %uid,
                         "no replacement pod can adopt the sandbox (none came in time, or one came \
                          at another revision); stopping it");
-                    self.store.forget_running_revision(&uid)?;
+                    if let Err(e) = self.store.forget_running_revision(&uid) {
+                        tracing::warn!(pod_uid = %uid, error = %e, "cannot forget the adoption; trying again");
+                        self.again = true;
+                    }
                 }
                 a => io.entry(a.uid().to_string()).or_default().push(a),
             }
@@ -472,9 +541,13 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
                         target.target().filter(|_| target.needed()),
                     );
                 }
-                self.queue_status(pod, ours)?;
+                if let Err(e) = self.queue_status(pod, ours) {
+                    self.report_failed(&e);
+                    settled_ok = false;
+                }
             }
         }
+        self.owed.settled = !settled_ok;
 
         let env = act::Env {
             cri: self.cri.clone(),
@@ -624,7 +697,10 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
         }
         if o.pods_removed > 0 {
             // Its objects are gone: an adoption that bound them to this pod ends too.
-            self.store.forget_aliases_of(&o.uid)?;
+            if let Err(e) = self.store.forget_aliases_of(&o.uid) {
+                self.report_failed(&e.into());
+                self.owed.aliases.insert(o.uid.clone());
+            }
         }
         if o.pods_removed > 0 || o.pods_finalized > 0 {
             self.restarts.retain(|(u, _), _| *u != o.uid);
@@ -639,7 +715,7 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
             if let Some(pod) = &pod {
                 let message =
                     format!("Liveness probe of container {container} failed: {why}; restarting it");
-                self.queue_warning(pod, "Unhealthy", &message)?;
+                self.warn_event(pod, "Unhealthy", &message);
             }
         }
         if let Some(e) = o.runtime_down {
@@ -657,8 +733,12 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
                 }
                 // Every refusal counts: the Event's count grows with each retry, as the
                 // kubelet's BackOff events do (the crash-loop backoff bounds how often).
-                self.queue_warning(pod, reason, &message)?;
-                self.queue_status_of(pod, status::blocked_status(reason, &message))?;
+                self.warn_event(pod, reason, &message);
+                let blocked = status::blocked_status(reason, &message);
+                if let Err(e) = self.queue_status_of(pod, blocked.clone()) {
+                    self.report_failed(&e);
+                    self.owed.statuses.insert(o.uid.clone(), blocked);
+                }
                 pass.failed.push((pod.index.name.clone(), message));
             }
             (None, _) if o.progressed => {
@@ -671,26 +751,104 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
     }
 
     /// A pod that cannot run, or cannot start yet: its status says why, and a Warning Event
-    /// does too, once per message.
+    /// does too, once per message. Returns whether the status reached the store (else the
+    /// next pass tries again, and the Event too).
     fn blocked(
         &mut self,
         pod: &DesiredPod,
         reason: &'static str,
         message: &str,
         warn: bool,
-    ) -> Result<(), RuntimeError> {
+    ) -> bool {
         let uid = pod.uid().to_string();
         if warn && self.reported.get(&uid).map(String::as_str) != Some(message) {
             tracing::warn!(pod = %pod.obj.index.name, namespace = %pod.obj.index.namespace, reason,
                 %message, "pod cannot run");
-            self.queue_warning(&pod.obj, reason, message)?;
-            self.reported.insert(uid, message.to_string());
+            match self.queue_warning(&pod.obj, reason, message, &crate::time::now()) {
+                Ok(()) => {
+                    self.reported.insert(uid, message.to_string());
+                }
+                Err(e) => self.report_failed(&e),
+            }
         }
-        self.queue(
+        match self.queue(
             &pod.obj,
             &pod.status,
             status::blocked_status(reason, message),
-        )
+        ) {
+            Ok(()) => true,
+            Err(e) => {
+                self.report_failed(&e);
+                false
+            }
+        }
+    }
+
+    /// Queues a Warning Event, or keeps it for when the store can take it.
+    fn warn_event(&mut self, pod: &StoredObject, reason: &str, message: &str) {
+        let at = crate::time::now();
+        if let Err(e) = self.queue_warning(pod, reason, message, &at) {
+            self.report_failed(&e);
+            self.owed.warning(pod, reason, message, at, 1);
+        }
+    }
+
+    /// A report could not be written: logged once until one is again.
+    fn report_failed(&mut self, e: &RuntimeError) {
+        if !self.reports_failing {
+            tracing::warn!(error = %e,
+                "cannot write reports to the store; the pods carry on, and the reports are kept until it can");
+            self.reports_failing = true;
+        }
+    }
+
+    /// Writes what the store could not take before, as far as it can now.
+    fn pay_owed(&mut self) {
+        if self.owed.is_empty() {
+            if self.reports_failing && !self.owed.settled {
+                tracing::info!("reports reach the store again");
+                self.reports_failing = false;
+            }
+            return;
+        }
+        let warnings = std::mem::take(&mut self.owed.warnings);
+        for ((_, reason), w) in warnings {
+            // Each occurrence counts, as it would have: the Event's count grows by as many.
+            let mut left = w.times;
+            while left > 0 {
+                if let Err(e) = self.queue_warning(&w.pod, &reason, &w.message, &w.at) {
+                    self.report_failed(&e);
+                    break;
+                }
+                left -= 1;
+            }
+            if left > 0 {
+                self.owed
+                    .warning(&w.pod, &reason, &w.message, w.at.clone(), left);
+            }
+        }
+        for (uid, status) in std::mem::take(&mut self.owed.statuses) {
+            // The pod as cached now: gone, nothing is owed.
+            let pod = match self.store.get_by_uid(Kind::Pod, &uid) {
+                Ok(Some(p)) => p,
+                Ok(None) => continue,
+                Err(e) => {
+                    self.report_failed(&e.into());
+                    self.owed.statuses.insert(uid, status);
+                    continue;
+                }
+            };
+            if let Err(e) = self.queue_status_of(&pod, status.clone()) {
+                self.report_failed(&e);
+                self.owed.statuses.insert(uid, status);
+            }
+        }
+        for uid in std::mem::take(&mut self.owed.aliases) {
+            if let Err(e) = self.store.forget_aliases_of(&uid) {
+                self.report_failed(&e.into());
+                self.owed.aliases.insert(uid);
+            }
+        }
     }
 
     fn queue_status_of(&mut self, pod: &StoredObject, ours: Value) -> Result<(), RuntimeError> {
@@ -769,14 +927,16 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
         }
     }
 
-    /// Queues a Warning Event about a pod in the store, for the next time the link is up.
+    /// Queues a Warning Event about a pod in the store, for the next time the link is up;
+    /// `at` is when it happened.
     fn queue_warning(
         &self,
         pod: &StoredObject,
         reason: &str,
         message: &str,
+        at: &str,
     ) -> Result<(), RuntimeError> {
-        let ev = status::warning_event(pod, reason, message, &self.node_name, &crate::time::now());
+        let ev = status::warning_event(pod, reason, message, &self.node_name, at);
         let name = ev["metadata"]["name"].as_str().unwrap_or_default();
         self.store.queue_event(
             &QueuedEvent {

@@ -206,3 +206,25 @@ async fn a_status_the_outbox_dropped_is_queued_again() {
         "the runtime's copy of the queue follows the outbox"
     );
 }
+
+#[test]
+fn owed_warnings_keep_one_per_pod_and_reason_and_count_every_occurrence() {
+    let mut owed = Owed::default();
+    assert!(owed.is_empty());
+    let (a, b) = (pod("a", "img:1"), pod("b", "img:1"));
+    owed.warning(&a, "Unhealthy", "first", "t1".into(), 1);
+    owed.warning(&a, "Unhealthy", "second", "t2".into(), 1);
+    owed.warning(&a, "ErrImagePull", "pull", "t3".into(), 2);
+    owed.warning(&b, "Unhealthy", "other pod", "t4".into(), 1);
+    assert_eq!(owed.warnings.len(), 3);
+    let w = &owed.warnings[&("uid-a".to_string(), "Unhealthy".to_string())];
+    assert_eq!(
+        (w.message.as_str(), w.at.as_str(), w.times),
+        ("second", "t2", 2)
+    );
+    assert_eq!(
+        owed.warnings[&("uid-a".to_string(), "ErrImagePull".to_string())].times,
+        2
+    );
+    assert!(!owed.is_empty());
+}
