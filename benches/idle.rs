@@ -147,5 +147,11 @@ fn main() {
             let _ = cri.stop_pod_sandbox(&sb.id).await;
             let _ = cri.remove_pod_sandbox(&sb.id).await;
         }
+        // The token volumes are tmpfs mounts under the data dir: the temporary directory
+        // cannot go while they are mounted.
+        for (i, _) in pods.iter().enumerate() {
+            let pod_dir = dir.path().join("data/pods").join(format!("{node}-{i}"));
+            let _ = edgehub::volumes::remove_pod_dir(&pod_dir);
+        }
     });
 }
