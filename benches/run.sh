@@ -6,7 +6,7 @@
 # bench's output to target/bench/logs/).
 #
 #   bash benches/run.sh                 # everything (the flash window alone is about 9
-#                                       # minutes)
+#                                       # minutes, the idle CPU minutes about 4)
 #   bash benches/run.sh --readme        # the same, then regenerate README's numbers table
 #   bash benches/run.sh --readme-only   # only regenerate README's table from numbers.json
 #
@@ -34,7 +34,7 @@ for a in "$@"; do
 done
 runs=${RUNS:-3}
 export EDGEHUB_FLASH_WINDOW_SECS=${EDGEHUB_FLASH_WINDOW_SECS:-600}
-benches=${ONLY:-"sync api runtime runtime_behaviour upgrade outbox footprint flash fleet"}
+benches=${ONLY:-"sync api runtime runtime_behaviour upgrade outbox idle footprint flash fleet"}
 log() { printf '==> %s\n' "$*" >&2; }
 wanted() { [[ " $benches " == *" $1 "* ]]; }
 
@@ -91,7 +91,9 @@ for name in sync api footprint; do
     wanted "$name" || continue
     for r in $(seq 1 "$runs"); do bench "$name" "run$r"; done
 done
-for name in runtime runtime_behaviour upgrade outbox; do
+# idle counts CPU seconds over three idle minutes: before the flash window and the aarch64
+# build beside it, whose compiler would not change edgehub's count but would slow it.
+for name in runtime runtime_behaviour upgrade outbox idle; do
     wanted "$name" && bench "$name" run1
 done
 # Then the flash window (about 9 minutes), which counts one process's writes, whatever else

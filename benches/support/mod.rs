@@ -288,3 +288,33 @@ pub async fn wait_for(secs: u64, mut f: impl FnMut() -> bool) -> bool {
     }
     true
 }
+
+/// A thread's or process's name and CPU ticks (utime + stime) from a `stat` line of /proc:
+/// the name is between the first `(` and the last `)`, and utime and stime are the 12th and
+/// 13th fields after it.
+pub fn stat_name_ticks(stat: &str) -> Option<(String, u64)> {
+    let open = stat.find('(')?;
+    let close = stat.rfind(')')?;
+    let name = stat.get(open + 1..close)?.to_string();
+    let rest: Vec<&str> = stat.get(close + 1..)?.split_whitespace().collect();
+    let utime: u64 = rest.get(11)?.parse().ok()?;
+    let stime: u64 = rest.get(12)?.parse().ok()?;
+    Some((name, utime + stime))
+}
+
+/// The CPU ticks (utime + stime) the process has used, all its threads together.
+pub fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_name_ticks(&stat).map(|(_, t)| t)
+}
+
+/// Clock ticks per second (`sysconf(_SC_CLK_TCK)`), the unit of /proc's CPU times.
+pub fn clock_ticks_per_sec() -> f64 {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if hz > 0 {
+        hz as f64
+    } else {
+        100.0
+    }
+}

@@ -81,6 +81,18 @@ pub struct Pass {
     pub kept_unsynced: usize,
 }
 
+/// The desired pods of a pass, and what they were read from.
+struct DesiredCache {
+    pods: Arc<Vec<DesiredPod>>,
+    store_gen: u64,
+    sandboxes: u64,
+    read_at: Instant,
+}
+
+/// Desired pods older than this are read again even if nothing said they changed: a write
+/// that forgot to bump the store's counter costs at most this much delay, not a pod.
+const DESIRED_MAX_AGE: Duration = Duration::from_secs(60);
+
 /// A report the store could not take yet (a full disk), kept until it can.
 #[derive(Debug, Clone, Default)]
 struct Owed {
@@ -208,8 +220,22 @@ pub struct Reconciler<R: CriRuntime> {
     pool: Option<slots::Pool>,
     /// A pod's actions waited for a free slot in the last pass.
     deferred: bool,
-    /// The pod each task works on, so a task that panicked still releases its pod.
-    task_pods: HashMap<tokio::task::Id, String>,
+    /// The pod each task works on (so a task that panicked still releases its pod), and
+    /// `decided` when it was spawned.
+    task_pods: HashMap<tokio::task::Id, (String, u64)>,
+    /// Passes that decided (went past the relist's "nothing changed"), counted: a task whose
+    /// pod sat out a decision while it ran makes its pod decided again when it ends.
+    decided: u64,
+    /// The desired pods as last read, and what they were read from: read again only when the
+    /// cache changed (`store_gen`) or a sandbox did, or on the period tick. Reading them is
+    /// most of a pass (each pod's JSON parsed and translated, its sources decoded), and an
+    /// idle node's passes are its probes'.
+    desired: Option<DesiredCache>,
+    /// The store's change counter ([`Store::subscribe`]).
+    store_gen: watch::Receiver<u64>,
+    /// [`Self::status_key`] of each pod's status as last queued (or found queued already):
+    /// a pod whose key is the same needs no new one.
+    status_keys: HashMap<String, u64>,
     /// The runtime failed on the last pass (logged once).
     failing: bool,
     /// Reports the store could not take yet.
@@ -233,6 +259,7 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
         node_name: String,
     ) -> Self {
         Reconciler {
+            store_gen: store.subscribe(),
             cri: Arc::new(cri),
             store,
             client,
@@ -256,6 +283,9 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
             pool: None,
             deferred: false,
             task_pods: HashMap::new(),
+            decided: 0,
+            desired: None,
+            status_keys: HashMap::new(),
             failing: false,
             owed: Owed::default(),
             reports_failing: false,
@@ -298,11 +328,20 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
                 _ = relist.tick() => forced = false,
                 _ = due => {}
                 r = changes.changed() => { if r.is_err() { break; } }
-                Some(done) = self.tasks.join_next_with_id() => self.finished(done, &mut pass),
+                Some(done) = self.tasks.join_next_with_id() => {
+                    // A probe that changed no verdict (an idle node's every task) needs no
+                    // pass: the next probe's time wakes the loop.
+                    if !self.finished(done, &mut pass) {
+                        continue;
+                    }
+                }
                 _ = shutdown.changed() => break,
             }
             let result = self.pass_if(forced, false, &mut pass).await;
             self.log_pass(result, &pass);
+            // Every pass relisted: the next relist is due a full interval after this one, so
+            // a probe's pass every second (an idle node's) is the only relist it needs.
+            relist.reset();
         }
         // Tasks in flight finish their step (a stop, a pull); nothing new starts.
         self.tasks.abort_all();
@@ -358,25 +397,37 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
         probes.chain(waits).min()
     }
 
+    /// Records a finished task; returns whether a pass should follow: the task changed
+    /// something (started, stopped, refused, a probe's verdict), a pass decided without its
+    /// pod meanwhile, or a pod waits for its slot.
     fn finished(
         &mut self,
         done: Result<(tokio::task::Id, act::Outcome), tokio::task::JoinError>,
         pass: &mut Pass,
-    ) {
+    ) -> bool {
         match done {
             Ok((id, o)) => {
-                self.task_pods.remove(&id);
-                if let Err(e) = self.apply(o, pass) {
-                    tracing::warn!(error = %e, "cannot record what a pod task did");
-                }
+                let sat_out = self
+                    .task_pods
+                    .remove(&id)
+                    .is_none_or(|(_, at)| at != self.decided);
+                let changed = match self.apply(o, pass) {
+                    Ok(changed) => changed,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot record what a pod task did");
+                        true
+                    }
+                };
+                changed || sat_out || self.deferred
             }
             Err(e) => {
-                if let Some(uid) = self.task_pods.remove(&e.id()) {
+                if let Some((uid, _)) = self.task_pods.remove(&e.id()) {
                     self.locks.release(&uid, Holder::Runtime);
                     if e.is_panic() {
                         tracing::error!(pod_uid = %uid, error = %e, "a pod task panicked");
                     }
                 }
+                true
             }
         }
     }
@@ -413,18 +464,14 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
         }
         self.last_seen = seen;
         self.again = false;
+        self.decided += 1;
         let sources_ready = self
             .store
             .cursor(&crate::sync::pods_cursor_key(&self.node_name))?
             .is_some();
-        let desired = desired::read(
-            &self.store,
-            &snapshot,
-            &self.data_dir,
-            &self.node_name,
-            self.host_ip.as_deref(),
-        )?;
-        probes::track(&mut self.probes, &desired, &snapshot, now);
+        let desired = self.desired_pods(&snapshot)?;
+        let desired = &desired[..];
+        probes::track(&mut self.probes, desired, &snapshot, now);
         let awaiting = self.awaiting()?;
         // With those taken since: theirs are no longer the runtime's to act on. A pod let go
         // meanwhile gets its pass on the next relist, from a snapshot taken after.
@@ -439,7 +486,7 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
         );
         let ended_upgrades = self.ended_upgrades(&snapshot)?;
         let actions = decide::decide(&Inputs {
-            desired: &desired,
+            desired,
             snapshot: &snapshot,
             memory: Memory {
                 restarts: &self.restarts,
@@ -454,7 +501,7 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
             awaiting: &awaiting,
             ended_upgrades: &ended_upgrades,
         });
-        self.note_unsynced(&desired, &snapshot, sources_ready, &held, pass);
+        self.note_unsynced(desired, &snapshot, sources_ready, &held, pass);
 
         let by_uid: HashMap<&str, &DesiredPod> = desired.iter().map(|p| (p.uid(), p)).collect();
         // Every settled pod's status reached the store (else the next relist tries again).
@@ -516,13 +563,21 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
             }
         }
 
-        // Settled pods: report their status.
+        // Settled pods: report their status, unless nothing it is made of changed since the
+        // last pass queued them all (an idle node's passes are its probes', which change
+        // nothing but a verdict now and then).
         let pulled = self.store.pulled_revisions()?;
+        self.status_keys
+            .retain(|uid, _| by_uid.contains_key(uid.as_str()));
         let store = self.store.clone();
         let mut decider = crate::need_upgrade::Decider::new(&store);
-        for pod in &desired {
+        for pod in desired {
             let uid = pod.uid();
             if held.contains(uid) || io.contains_key(uid) || self.refused_waiting(uid, now) {
+                continue;
+            }
+            let key = self.status_key(pod, &snapshot, pulled.get(uid));
+            if self.status_keys.get(uid) == Some(&key) {
                 continue;
             }
             if let Some(Ok(plan)) = &pod.plan {
@@ -541,9 +596,14 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
                         target.target().filter(|_| target.needed()),
                     );
                 }
-                if let Err(e) = self.queue_status(pod, ours) {
-                    self.report_failed(&e);
-                    settled_ok = false;
+                match self.queue_status(pod, ours) {
+                    Ok(()) => {
+                        self.status_keys.insert(uid.to_string(), key);
+                    }
+                    Err(e) => {
+                        self.report_failed(&e);
+                        settled_ok = false;
+                    }
                 }
             }
         }
@@ -572,7 +632,7 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
             let handle =
                 self.tasks
                     .spawn(slot.scope(act::run_pod(env.clone(), uid.clone(), actions)));
-            self.task_pods.insert(handle.id(), uid);
+            self.task_pods.insert(handle.id(), (uid, self.decided));
         }
         if wait {
             while let Some(done) = self.tasks.join_next_with_id().await {
@@ -600,6 +660,75 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
         uids.sort_unstable();
         uids.dedup();
         Ok(self.store.ended_without_commit(&uids)?)
+    }
+
+    /// A digest of what a settled pod's status is made of: the pod as read (its object, with
+    /// the apiserver's status, and the cache it was read from: the need for an upgrade comes
+    /// from there), its sandboxes and containers and their states (a state's facts never
+    /// change), their addresses, its readiness verdicts and its pulled revision.
+    fn status_key(
+        &self,
+        pod: &DesiredPod,
+        snapshot: &observe::Snapshot,
+        pulled: Option<&String>,
+    ) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        if let Some(c) = &self.desired {
+            (Arc::as_ptr(&c.pods) as usize, c.store_gen).hash(&mut h);
+        }
+        let uid = pod.uid();
+        let obs = snapshot.pod(uid);
+        for sb in obs.sandboxes() {
+            (&sb.id, sb.state, obs.sandbox_ip(&sb.id)).hash(&mut h);
+        }
+        for c in obs.containers() {
+            (&c.id, c.state).hash(&mut h);
+        }
+        let mut ready: Vec<_> = self
+            .probes
+            .iter()
+            .filter(|((u, _), _)| u == uid)
+            .map(|((_, name), p)| (name, p.id.as_str(), p.ready()))
+            .collect();
+        ready.sort_unstable();
+        ready.hash(&mut h);
+        pulled.hash(&mut h);
+        h.finish()
+    }
+
+    /// The desired pods for `snapshot`: as last read, unless the cache or a sandbox changed
+    /// since (what they are read from: the cached objects, their sources and the runtime map,
+    /// all of whose writes bump the store's counter, and each sandbox's attempt and address).
+    fn desired_pods(
+        &mut self,
+        snapshot: &observe::Snapshot,
+    ) -> Result<Arc<Vec<DesiredPod>>, RuntimeError> {
+        // Read before the store is: a change while it is read is a change for the next pass.
+        let store_gen = *self.store_gen.borrow_and_update();
+        let sandboxes = snapshot.sandbox_key();
+        if let Some(c) = &self.desired {
+            if c.store_gen == store_gen
+                && c.sandboxes == sandboxes
+                && c.read_at.elapsed() < DESIRED_MAX_AGE
+            {
+                return Ok(c.pods.clone());
+            }
+        }
+        let pods = Arc::new(desired::read(
+            &self.store,
+            snapshot,
+            &self.data_dir,
+            &self.node_name,
+            self.host_ip.as_deref(),
+        )?);
+        self.desired = Some(DesiredCache {
+            pods: pods.clone(),
+            store_gen,
+            sandboxes,
+            read_at: Instant::now(),
+        });
+        Ok(pods)
     }
 
     /// Sandboxes awaiting their replacement pod, from the runtime map.
@@ -671,8 +800,21 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
         }
     }
 
-    /// Records what a pod's task did.
-    fn apply(&mut self, o: act::Outcome, pass: &mut Pass) -> Result<(), RuntimeError> {
+    /// Records what a pod's task did; returns whether that changed anything beyond the
+    /// probes' counts (a probe that ran and changed no verdict is the only thing that does
+    /// not).
+    fn apply(&mut self, o: act::Outcome, pass: &mut Pass) -> Result<bool, RuntimeError> {
+        let mut changed = o.sandboxes_created > 0
+            || o.containers_started > 0
+            || o.containers_restarted > 0
+            || o.pods_removed > 0
+            || o.pods_finalized > 0
+            || o.volumes_updated > 0
+            || o.volumes_digest.is_some()
+            || !o.liveness_kills.is_empty()
+            || o.refused.is_some()
+            || o.runtime_down.is_some()
+            || o.progressed;
         self.locks.release(&o.uid, Holder::Runtime);
         pass.sandboxes_created += o.sandboxes_created;
         pass.containers_started += o.containers_started;
@@ -692,11 +834,14 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
                 if let Some(v) = p.record(r.kind, r.at, r.outcome) {
                     tracing::info!(pod_uid = %o.uid, container = %r.container, probe = ?r.kind,
                         passing = v, error = %error, "probe verdict changed");
+                    changed = true;
                 }
             }
         }
         if o.pods_removed > 0 {
-            // Its objects are gone: an adoption that bound them to this pod ends too.
+            // Its objects are gone: an adoption that bound them to this pod ends too (and
+            // the desired pods, read with the aliases, are read again).
+            self.desired = None;
             if let Err(e) = self.store.forget_aliases_of(&o.uid) {
                 self.report_failed(&e.into());
                 self.owed.aliases.insert(o.uid.clone());
@@ -709,7 +854,12 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
             self.refused.remove(&o.uid);
             self.reported.remove(&o.uid);
         }
-        let pod = self.store.get_by_uid(Kind::Pod, &o.uid)?;
+        // Only a kill or a refusal reports about the pod.
+        let pod = if o.liveness_kills.is_empty() && o.refused.is_none() {
+            None
+        } else {
+            self.store.get_by_uid(Kind::Pod, &o.uid)?
+        };
         for (container, why) in &o.liveness_kills {
             self.probes.remove(&(o.uid.clone(), container.clone()));
             if let Some(pod) = &pod {
@@ -747,7 +897,7 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
             }
             _ => {}
         }
-        Ok(())
+        Ok(changed)
     }
 
     /// A pod that cannot run, or cannot start yet: its status says why, and a Warning Event
@@ -771,6 +921,8 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
                 Err(e) => self.report_failed(&e),
             }
         }
+        // Not the settled status any more: the next settled one is queued whatever its key.
+        self.status_keys.remove(pod.uid());
         match self.queue(
             &pod.obj,
             &pod.status,
@@ -852,6 +1004,7 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
     }
 
     fn queue_status_of(&mut self, pod: &StoredObject, ours: Value) -> Result<(), RuntimeError> {
+        self.status_keys.remove(&pod.index.uid);
         let cached: Value = serde_json::from_str(&pod.raw).unwrap_or(Value::Null);
         let current = cached.get("status").cloned().unwrap_or(Value::Null);
         self.queue(pod, &current, ours)

@@ -101,6 +101,32 @@ impl Snapshot {
         h.finish()
     }
 
+    /// A digest of what the desired pods are translated with from the snapshot: each
+    /// sandbox's pod, state, attempt and address, and the adoptions.
+    pub fn sandbox_key(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut items: Vec<_> = self
+            .sandboxes
+            .iter()
+            .map(|s| {
+                (
+                    s.id.as_str(),
+                    s.labels.get(labels::POD_UID).map(String::as_str),
+                    s.state,
+                    attempt_of_sandbox(s),
+                    self.sandbox_ips.get(&s.id).map(String::as_str),
+                )
+            })
+            .collect();
+        items.sort_unstable();
+        let mut aliases: Vec<_> = self.aliases.iter().collect();
+        aliases.sort_unstable();
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        items.hash(&mut h);
+        aliases.hash(&mut h);
+        h.finish()
+    }
+
     /// Pod uids of the sandboxes in the snapshot.
     pub fn sandbox_uids(&self) -> HashSet<&str> {
         self.sandboxes
@@ -294,4 +320,76 @@ fn pod_dirs(dir: &Path) -> HashSet<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sandbox(id: &str, uid: &str, attempt: u32, ready: bool) -> api::PodSandbox {
+        api::PodSandbox {
+            id: id.into(),
+            labels: HashMap::from([(labels::POD_UID.to_string(), uid.to_string())]),
+            metadata: Some(api::PodSandboxMetadata {
+                attempt,
+                ..Default::default()
+            }),
+            state: if ready {
+                api::PodSandboxState::SandboxReady as i32
+            } else {
+                api::PodSandboxState::SandboxNotready as i32
+            },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_sandbox_key_follows_what_pods_are_translated_with_and_nothing_else() {
+        let snap = Snapshot {
+            sandboxes: vec![sandbox("s1", "a", 0, true), sandbox("s2", "b", 0, true)],
+            ..Default::default()
+        };
+        let key = snap.sandbox_key();
+        let mut other = snap.clone();
+        other.sandboxes.reverse();
+        assert_eq!(
+            other.sandbox_key(),
+            key,
+            "the order of the list is not a change"
+        );
+        other.containers.push(api::Container {
+            id: "c1".into(),
+            pod_sandbox_id: "s1".into(),
+            ..Default::default()
+        });
+        assert_eq!(
+            other.sandbox_key(),
+            key,
+            "a container is not a sandbox change"
+        );
+        for changed in [
+            {
+                let mut s = snap.clone();
+                s.sandboxes[0] = sandbox("s1", "a", 0, false);
+                s
+            },
+            {
+                let mut s = snap.clone();
+                s.sandboxes.push(sandbox("s3", "a", 1, true));
+                s
+            },
+            {
+                let mut s = snap.clone();
+                s.sandbox_ips.insert("s1".into(), "10.88.42.7".into());
+                s
+            },
+            {
+                let mut s = snap.clone();
+                s.aliases.insert("old".into(), "a".into());
+                s
+            },
+        ] {
+            assert_ne!(changed.sandbox_key(), key, "{changed:?}");
+        }
+    }
 }

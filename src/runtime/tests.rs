@@ -228,3 +228,76 @@ fn owed_warnings_keep_one_per_pod_and_reason_and_count_every_occurrence() {
     );
     assert!(!owed.is_empty());
 }
+
+#[tokio::test]
+async fn a_probe_that_changes_no_verdict_changes_nothing_else() {
+    let (_d, store, mut r) = setup();
+    store
+        .apply(Kind::Pod, &[Change::Upsert(pod("a", "img:1"))], None)
+        .unwrap();
+    r.reconcile().await.unwrap();
+    let probe = || act::ProbeResult {
+        container: "app".into(),
+        container_id: "unknown".into(),
+        kind: probes::ProbeKind::Readiness,
+        at: Instant::now(),
+        outcome: Ok(()),
+    };
+    let mut pass = Pass::default();
+    let quiet = act::Outcome {
+        uid: "uid-a".into(),
+        probes: vec![probe()],
+        ..Default::default()
+    };
+    assert!(!r.apply(quiet, &mut pass).unwrap(), "nothing to pass for");
+    assert_eq!(pass.probes_run, 1);
+    let started = act::Outcome {
+        uid: "uid-a".into(),
+        containers_started: 1,
+        ..Default::default()
+    };
+    assert!(r.apply(started, &mut pass).unwrap());
+}
+
+#[tokio::test]
+async fn the_desired_pods_are_read_again_only_when_the_cache_or_a_sandbox_changed() {
+    let (_d, store, mut r) = setup();
+    store
+        .apply(Kind::Pod, &[Change::Upsert(pod("a", "img:1"))], None)
+        .unwrap();
+    let read = |r: &Reconciler<FakeCri>| r.desired.as_ref().map(|c| c.pods.clone()).unwrap();
+    r.reconcile().await.unwrap();
+    // The first pass started the sandbox, so the second reads the pods for it.
+    r.reconcile().await.unwrap();
+    let first = read(&r);
+    r.reconcile().await.unwrap();
+    assert!(
+        Arc::ptr_eq(&first, &read(&r)),
+        "nothing changed: not read again"
+    );
+
+    store
+        .apply(Kind::Pod, &[Change::Upsert(pod("b", "img:1"))], None)
+        .unwrap();
+    r.reconcile().await.unwrap();
+    let second = read(&r);
+    assert!(!Arc::ptr_eq(&first, &second), "the cache changed");
+    assert_eq!(second.len(), 2);
+
+    r.reconcile().await.unwrap();
+    let third = read(&r);
+    assert!(!Arc::ptr_eq(&second, &third), "b's new sandbox");
+    let sb = r
+        .cri
+        .state
+        .lock()
+        .unwrap()
+        .sandboxes
+        .keys()
+        .next()
+        .cloned()
+        .unwrap();
+    r.cri.stop_pod_sandbox(&sb).await.unwrap();
+    r.reconcile().await.unwrap();
+    assert!(!Arc::ptr_eq(&third, &read(&r)), "a sandbox stopped");
+}

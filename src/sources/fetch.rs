@@ -272,6 +272,7 @@ impl Fetcher {
         let mut changes = self.store.subscribe();
         let mut offline = false;
         let mut wait = Duration::ZERO;
+        let mut known = References::default();
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
@@ -279,13 +280,17 @@ impl Fetcher {
                 _ = shutdown.changed() => break,
             }
             // Only the pods' indexes and references stay for the refresh, which awaits the
-            // apiserver: the pods' JSON is read a few at a time and dropped.
+            // apiserver: the pods' JSON is read a few at a time and dropped, and parsed only
+            // when it changed (the fetcher wakes on every change of the cache, mostly its own
+            // writes and other objects', and on every token check).
             let mut refs = Vec::new();
+            let mut seen = HashSet::new();
             let read = self
                 .store
                 .for_each_chunk(crate::object::Kind::Pod, 16, |pods| {
-                    refs.extend(pod_references(pods))
+                    refs.extend(known.of(pods, &mut seen))
                 });
+            known.retain(&seen);
             if let Err(e) = read {
                 tracing::warn!(error = %e, "cannot read the cached pods");
                 wait = self.refresh;
@@ -544,6 +549,55 @@ impl Fetcher {
             issued_ms: now,
             expires_ms,
         }))
+    }
+}
+
+/// What each cached pod references, remembered by a digest of its JSON, so a pass parses only
+/// the pods that changed since the last.
+#[derive(Debug, Default)]
+pub struct References {
+    by_uid: HashMap<String, (u64, Option<Vec<SourceRef>>)>,
+    /// Pods parsed so far.
+    pub parsed: usize,
+}
+
+impl References {
+    /// What `pods` (a chunk of the cache) reference, beside their indexes, like
+    /// [`pod_references`]; their uids are added to `seen`.
+    pub fn of(
+        &mut self,
+        pods: Vec<StoredObject>,
+        seen: &mut HashSet<String>,
+    ) -> Vec<(ObjectIndex, Vec<SourceRef>)> {
+        use std::hash::{Hash, Hasher};
+        let mut out = Vec::with_capacity(pods.len());
+        for p in pods {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            p.raw.hash(&mut h);
+            let digest = h.finish();
+            seen.insert(p.index.uid.clone());
+            let refs = match self.by_uid.get(&p.index.uid) {
+                Some((d, refs)) if *d == digest => refs.clone(),
+                _ => {
+                    self.parsed += 1;
+                    let refs = serde_json::from_str::<Value>(&p.raw)
+                        .ok()
+                        .map(|v| references(&v));
+                    self.by_uid
+                        .insert(p.index.uid.clone(), (digest, refs.clone()));
+                    refs
+                }
+            };
+            if let Some(refs) = refs {
+                out.push((p.index, refs));
+            }
+        }
+        out
+    }
+
+    /// Forgets the pods that are no longer cached.
+    pub fn retain(&mut self, seen: &HashSet<String>) {
+        self.by_uid.retain(|uid, _| seen.contains(uid));
     }
 }
 

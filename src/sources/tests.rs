@@ -230,3 +230,39 @@ fn the_token_request_is_the_recorded_one() {
     let with_audience = token_request(&pod.index, "vault", 600);
     assert_eq!(with_audience["spec"]["audiences"], json!(["vault"]));
 }
+
+#[test]
+fn references_are_parsed_again_only_when_the_pod_changed() {
+    use super::fetch::References;
+    use std::collections::HashSet;
+    let obj = |v: &Value| StoredObject::from_raw(crate::object::Kind::Pod, v.to_string()).unwrap();
+    let telemetry = recorded_pod("telemetry-sv74m");
+    let gateway = recorded_pod("gateway-v9hb2");
+    let mut known = References::default();
+    let mut seen = HashSet::new();
+    let first = known.of(vec![obj(&telemetry), obj(&gateway)], &mut seen);
+    assert_eq!(known.parsed, 2);
+    assert_eq!(first[0].1, references(&telemetry));
+
+    // The same JSON again: nothing parsed, the same answer.
+    let mut seen = HashSet::new();
+    let again = known.of(vec![obj(&telemetry), obj(&gateway)], &mut seen);
+    assert_eq!(known.parsed, 2);
+    assert_eq!(again, first);
+
+    // One pod changed (the same resourceVersion, as a test's cache may have it): that one.
+    let mut edited = gateway.clone();
+    edited["spec"]["volumes"] = json!([{"name": "s", "secret": {"secretName": "new"}}]);
+    let mut seen = HashSet::new();
+    let changed = known.of(vec![obj(&telemetry), obj(&edited)], &mut seen);
+    assert_eq!(known.parsed, 3);
+    assert_eq!(changed[1].1, vec![SourceRef::Secret { name: "new".into() }]);
+
+    // A pod that left the cache is forgotten; coming back, it is parsed again.
+    let mut seen = HashSet::new();
+    known.of(vec![obj(&telemetry)], &mut seen);
+    known.retain(&seen);
+    let mut seen = HashSet::new();
+    known.of(vec![obj(&telemetry), obj(&edited)], &mut seen);
+    assert_eq!(known.parsed, 4);
+}
