@@ -694,6 +694,8 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
         ready.sort_unstable();
         ready.hash(&mut h);
         pulled.hash(&mut h);
+        // A status the sender took off the queue (delivered or dropped) may be owed again.
+        self.store.outbox_taken().hash(&mut h);
         h.finish()
     }
 
