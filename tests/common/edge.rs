@@ -514,6 +514,7 @@ impl Node {
 impl Drop for Node {
     fn drop(&mut self) {
         self.kill9();
+        crate::common::unmount_under(self.dir.path());
     }
 }
 

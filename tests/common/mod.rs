@@ -240,3 +240,25 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// Unmounts everything mounted under `dir` (the tmpfs volumes an edgehub killed mid-run left
+/// for its pods), deepest first, so the test's temporary directory can go and mounts do not
+/// pile up on the machine run after run.
+pub fn unmount_under(dir: &Path) {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let prefix = dir.to_string_lossy().to_string();
+    let mut points: Vec<&str> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|p| p.starts_with(&prefix))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    for p in points {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(p)
+            .status();
+    }
+}
