@@ -632,6 +632,11 @@ impl FakeApiServer {
         }
     }
 
+    /// Forgets the failures [`Self::fail_next`] queued that no request has met yet.
+    pub fn clear_failures(&self) {
+        lock(&self.state.faults).fail_next.clear();
+    }
+
     /// The next `n` requests with this method whose path and query contain every string of
     /// `uri_contains` are carried out (committed, watchers told) but get no answer: their
     /// connection is closed instead, as when the link drops after the apiserver's commit.
