@@ -107,7 +107,7 @@ async fn device(template: &Value, n: usize) -> Device {
         let p = pod_named(template, i);
         let stored = server.apply("pods", p.clone());
         let obj = StoredObject::from_raw(Kind::Pod, stored.to_string()).expect("pod");
-        let event = edgehub::runtime::status::pod_event(
+        let event = edgehub::pod::status::pod_event(
             &obj,
             "Normal",
             "Started",

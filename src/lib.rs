@@ -33,6 +33,7 @@ pub mod node;
 pub mod notify;
 pub mod object;
 pub mod outbox;
+pub mod pod;
 pub mod podspec;
 pub mod revision;
 pub mod runtime;

@@ -185,31 +185,13 @@ pub fn choose_container(
     })
 }
 
+pub use crate::names::{log_file_name, parse_file_name};
+
 /// Where the pod runtime has the CRI write a pod's container logs; `None` for a uid that
-/// cannot name a directory (such a pod never ran: see `runtime::desired::pod_dir`).
+/// cannot name a directory (such a pod never ran: see `pod::desired::pod_dir`).
 pub fn pod_log_dir(data_dir: &Path, pod_uid: &str) -> Option<PathBuf> {
     crate::names::check_uid(pod_uid).ok()?;
     Some(data_dir.join("pods").join(pod_uid).join("logs"))
-}
-
-/// The name of a container attempt's log file in its pod's log dir: `<container>_<attempt>.log`.
-/// The name must be a DNS-1123 label (as the apiserver validates container names), so the
-/// file stays in that directory and [`parse_file_name`] reads it back.
-pub fn log_file_name(container: &str, attempt: u32) -> Result<String, String> {
-    crate::names::check_label(container)
-        .map_err(|r| format!("container name {container:?} cannot name a log file: {r}"))?;
-    Ok(format!("{container}_{attempt}.log"))
-}
-
-/// `<container>_<attempt>.log` → (container, attempt). Container names are DNS-1123 labels,
-/// so the last `_` separates them.
-pub fn parse_file_name(name: &str) -> Option<(&str, u32)> {
-    let stem = name.strip_suffix(".log")?;
-    let (container, attempt) = stem.rsplit_once('_')?;
-    if container.is_empty() || attempt.is_empty() || !attempt.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    Some((container, attempt.parse().ok()?))
 }
 
 /// The log files of `container` in `dir`, by attempt, oldest first: each attempt's current

@@ -75,6 +75,26 @@ fn check_chars(s: &str, dots: bool) -> Result<(), String> {
     Ok(())
 }
 
+/// The name of a container attempt's log file in its pod's log dir: `<container>_<attempt>.log`.
+/// The name must be a DNS-1123 label (as the apiserver validates container names), so the
+/// file stays in that directory and [`parse_file_name`] reads it back.
+pub fn log_file_name(container: &str, attempt: u32) -> Result<String, String> {
+    check_label(container)
+        .map_err(|r| format!("container name {container:?} cannot name a log file: {r}"))?;
+    Ok(format!("{container}_{attempt}.log"))
+}
+
+/// `<container>_<attempt>.log` → (container, attempt). Container names are DNS-1123 labels,
+/// so the last `_` separates them.
+pub fn parse_file_name(name: &str) -> Option<(&str, u32)> {
+    let stem = name.strip_suffix(".log")?;
+    let (container, attempt) = stem.rsplit_once('_')?;
+    if container.is_empty() || attempt.is_empty() || !attempt.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((container, attempt.parse().ok()?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,7 +5,6 @@
 //! other pods instead of running something different from what was asked.
 
 use crate::cri::{api, labels};
-use crate::runtime::probes::{ProbeAction, ProbeSpec};
 use crate::sources::{self, Data, Lookup, RegistryAuth, Sources};
 use serde_json::Value;
 use std::collections::HashMap;
@@ -1301,6 +1300,36 @@ fn probe(c: &Value, key: &str, field: &str) -> Result<Option<ProbeSpec>, Unsuppo
         success_threshold: count("successThreshold", 1),
         failure_threshold: count("failureThreshold", 3),
     }))
+}
+
+/// What a probe does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProbeAction {
+    Exec(Vec<String>),
+    HttpGet {
+        /// `scheme: HTTPS`. As with the kubelet, the certificate is not verified.
+        https: bool,
+        /// `None`: the pod's address.
+        host: Option<String>,
+        port: u16,
+        path: String,
+        headers: Vec<(String, String)>,
+    },
+    TcpSocket {
+        host: Option<String>,
+        port: u16,
+    },
+}
+
+/// A probe as the pod spec defines it, with the API's defaults filled in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeSpec {
+    pub action: ProbeAction,
+    pub initial_delay: std::time::Duration,
+    pub period: std::time::Duration,
+    pub timeout: std::time::Duration,
+    pub success_threshold: u32,
+    pub failure_threshold: u32,
 }
 
 #[cfg(test)]

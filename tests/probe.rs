@@ -2,7 +2,7 @@
 //! apiserver), as the kubelet probes a pod's self-signed endpoint: no verification, but a
 //! real handshake, and the probe's headers are sent.
 
-use edgehub::runtime::probes::{run, ProbeAction, ProbeSpec};
+use edgehub::pod::probes::{run, ProbeAction, ProbeSpec};
 use edgehub_testsupport::{FakeApiServer, NODE_TOKEN};
 use std::time::Duration;
 

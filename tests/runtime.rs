@@ -1523,7 +1523,7 @@ fn watched_reconciler(
 /// engine's.
 #[tokio::test]
 async fn a_pod_the_engine_lets_go_mid_pass_is_not_decided_on_the_stale_snapshot() {
-    use edgehub::runtime::{desired, observe::Observer, Holder};
+    use edgehub::pod::{desired, observe::Observer, Holder};
     let e = env();
     let _cleanup = cleanup(&e);
     let cri = CriClient::new(&e.socket);
@@ -1554,7 +1554,7 @@ async fn a_pod_the_engine_lets_go_mid_pass_is_not_decided_on_the_stale_snapshot(
         let want = desired::read(&e.store, &snap, &e.data, &e.node, None).unwrap();
         let plan = want[0].plan.clone().unwrap().unwrap();
         let sb = snap.pod(&id).ready_sandbox().unwrap().id.clone();
-        edgehub::runtime::act::create_and_start(
+        edgehub::pod::start::create_and_start(
             &cri,
             &plan.name,
             &sb,

@@ -61,7 +61,7 @@ fn as_run(raw: &str, status: Option<&String>, hash: Option<&str>) -> Option<Stri
     let mut pod: serde_json::Value = serde_json::from_str(raw).ok()?;
     if let Some(status) = status {
         let ours: serde_json::Value = serde_json::from_str(status).ok()?;
-        let merged = crate::runtime::status::merge_onto(&pod["status"], &ours);
+        let merged = crate::pod::status::merge_onto(&pod["status"], &ours);
         pod["status"] = merged;
     }
     if let Some(h) = hash {

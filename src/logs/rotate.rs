@@ -22,7 +22,7 @@
 //! The timestamp is UTC (the kubelet formats its local time; a device's clock is UTC).
 
 use crate::cri::{api, CriError, CriRuntime};
-use crate::runtime::observe;
+use crate::pod::observe;
 use std::collections::{BTreeMap, HashSet};
 use std::io;
 use std::path::{Path, PathBuf};

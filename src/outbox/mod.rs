@@ -31,7 +31,7 @@ pub mod cloud;
 use crate::backoff::BackoffPolicy;
 use crate::kube::KubeError;
 use crate::object::Kind;
-use crate::runtime::status::{merge_onto, two_way_patch};
+use crate::pod::status::{merge_onto, two_way_patch};
 use crate::store::{
     EventSeries, OutboxRow, RowKind, RunningRevision, Store, StoreError, StoredObject,
 };
@@ -580,7 +580,7 @@ impl<C: Cloud> Sender<C> {
         }
         let (ns, name) = (pod.index.namespace.clone(), pod.index.name.clone());
         let images = match serde_json::from_str(&r.images) {
-            Ok(crate::upgrade::plan::RunningAs::Images(i)) => Some(i),
+            Ok(crate::pod::running::RunningAs::Images(i)) => Some(i),
             _ => None,
         };
         if let (RevisionReport::Patch, Some(images)) = (self.revision_report, images) {

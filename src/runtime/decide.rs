@@ -13,13 +13,13 @@
 //! - a pod deleted in the cloud is stopped within its grace period, then finalized;
 //! - pods held by someone else (an action in flight, the upgrade engine) get nothing.
 
-use super::observe::{attempt_of, ContainerFacts, Snapshot};
-use super::probes::{ContainerProbes, ProbeKind};
 use crate::backoff::BackoffPolicy;
 use crate::cri::{api, labels};
+use crate::pod::desired::DesiredPod;
+use crate::pod::observe::{attempt_of, ContainerFacts, Snapshot};
+use crate::pod::probes::ProbeSpec;
+use crate::pod::probes::{ContainerProbes, ProbeKind};
 use crate::podspec::{ContainerPlan, PlanError, PodContext, PodPlan, RestartPolicy, VolumePlan};
-use crate::runtime::probes::ProbeSpec;
-use crate::store::StoredObject;
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::time::{Duration, Instant};
@@ -27,28 +27,6 @@ use std::time::{Duration, Instant};
 /// A container that ran this long before it exited starts its crash-loop backoff over, as the
 /// kubelet's does.
 pub const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(600);
-
-/// A cached pod, read once per pass and translated for the runtime.
-#[derive(Debug, Clone)]
-pub struct DesiredPod {
-    pub obj: StoredObject,
-    /// `metadata.deletionGracePeriodSeconds`, else `spec.terminationGracePeriodSeconds`, else 30.
-    pub grace_secs: i64,
-    /// `None` when the pod is being deleted or its JSON cannot be read (it is still wanted as
-    /// it runs: an unreadable row must not stop a running pod).
-    pub plan: Option<Result<PodPlan, PlanError>>,
-    /// The context the plan was translated with, for a sandbox start that translates again
-    /// once the sandbox has its address.
-    pub ctx: Option<PodContext>,
-    /// The pod's `status` as the apiserver last returned it (null when it has none).
-    pub status: serde_json::Value,
-}
-
-impl DesiredPod {
-    pub fn uid(&self) -> &str {
-        &self.obj.index.uid
-    }
-}
 
 /// Crash-loop bookkeeping of one container (or, for refused pods, one pod).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -1,9 +1,10 @@
 use super::*;
 use crate::object::Kind;
+use crate::pod::observe::Snapshot;
+use crate::pod::probes::{ProbeAction, ProbeState};
 use crate::podspec::{Missing, PodContext};
-use crate::runtime::observe::Snapshot;
-use crate::runtime::probes::{ProbeAction, ProbeState};
 use crate::sources::Sources;
+use crate::store::StoredObject;
 use serde_json::json;
 
 const NODE: &str = "n1";
@@ -29,7 +30,7 @@ fn desired(v: serde_json::Value, snap: &Snapshot) -> DesiredPod {
     };
     let plan = crate::podspec::translate(&v, &ctx);
     DesiredPod {
-        grace_secs: super::super::desired::grace_of(&v),
+        grace_secs: crate::pod::desired::grace_of(&v),
         plan: Some(plan),
         ctx: Some(ctx),
         status: serde_json::Value::Null,

@@ -24,26 +24,24 @@
 
 pub mod act;
 pub mod decide;
-pub mod desired;
-pub mod observe;
-pub mod probes;
-pub mod slots;
-pub mod status;
 
 pub use crate::backoff::BackoffPolicy;
 
 use crate::cri::{CriError, CriRuntime};
 use crate::kube::ApiClient;
 use crate::object::Kind;
+use crate::pod::desired::DesiredPod;
+use crate::pod::observe::Observer;
+use crate::pod::probes::ContainerProbes;
+use crate::pod::{desired, observe, probes, slots, status};
+use crate::pod::{Holder, PodLocks};
 use crate::podspec::{Missing, PlanError, Unsupported};
 use crate::store::{QueuedEvent, QueuedStatus, Store, StoredObject};
-use decide::{Action, DesiredPod, Inputs, Memory, Restarts};
-use observe::Observer;
-use probes::ContainerProbes;
+use decide::{Action, Inputs, Memory, Restarts};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -134,53 +132,6 @@ impl Owed {
         w.message = message.to_string();
         w.at = at;
         w.times = w.times.saturating_add(times);
-    }
-}
-
-/// Who holds a pod.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Holder {
-    /// A runtime task is working on it.
-    Runtime,
-    /// An upgrade owns it until it ends.
-    Upgrade,
-}
-
-/// Which pods are held, shared by the runtime and the upgrade engine: one holder per pod, so
-/// two never act on one pod at once.
-#[derive(Debug, Clone, Default)]
-pub struct PodLocks(Arc<Mutex<HashMap<String, Holder>>>);
-
-impl PodLocks {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Holder>> {
-        // A poisoned lock only means a holder panicked mid-update; the map is still whole.
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Holds `uid` for `holder` if nobody does; returns whether it did.
-    pub fn try_hold(&self, uid: &str, holder: Holder) -> bool {
-        let mut m = self.map();
-        if m.contains_key(uid) {
-            return false;
-        }
-        m.insert(uid.to_string(), holder);
-        true
-    }
-
-    /// Releases `uid` if `holder` holds it.
-    pub fn release(&self, uid: &str, holder: Holder) {
-        let mut m = self.map();
-        if m.get(uid) == Some(&holder) {
-            m.remove(uid);
-        }
-    }
-
-    pub fn holder(&self, uid: &str) -> Option<Holder> {
-        self.map().get(uid).copied()
-    }
-
-    pub fn held(&self) -> HashSet<String> {
-        self.map().keys().cloned().collect()
     }
 }
 

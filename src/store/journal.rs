@@ -22,7 +22,7 @@ pub struct Effects {
 pub struct RunningRevision {
     pub pod_uid: String,
     pub hash: String,
-    /// How the pod runs: `upgrade::plan::RunningAs` as JSON (the images or the spec).
+    /// How the pod runs: `pod::running::RunningAs` as JSON (the images or the spec).
     pub images: String,
     pub committed_ms: i64,
     pub namespace: Option<String>,

@@ -19,16 +19,17 @@ pub mod steps;
 use crate::cri::{CriError, CriRuntime};
 use crate::need_upgrade::Decider;
 use crate::object::Kind;
+use crate::pod::desired::{self, Place};
+use crate::pod::observe::Observer;
+use crate::pod::running::RunningAs;
+use crate::pod::{Holder, PodLocks};
 use crate::podspec::{self, PodPlan};
-use crate::runtime::desired::{self, Place};
-use crate::runtime::observe::Observer;
-use crate::runtime::{Holder, PodLocks};
 use crate::store::{
     Effects, QueuedEvent, RequestKind, RequestRecord, RunningRevision, Store, StoreError,
     StoredObject,
 };
 use machine::{Deadlines, Journal, State, Step};
-use plan::{Mode, RunningAs, UpgradePlan};
+use plan::{Mode, UpgradePlan};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -519,16 +520,16 @@ impl<R: CriRuntime + 'static> Engine<R> {
                 }
             }
             Step::StopOld(cid) | Step::StopNew(cid) => {
-                steps::ignore_missing(cri.stop_container(&cid, grace).await)?;
+                crate::pod::start::ignore_missing(cri.stop_container(&cid, grace).await)?;
             }
             Step::Start(cid) => cri.start_container(&cid).await?,
             Step::RemoveNew(cid) | Step::RemoveOld(cid) => {
-                steps::ignore_missing(cri.remove_container(&cid).await)?;
+                crate::pod::start::ignore_missing(cri.remove_container(&cid).await)?;
             }
             Step::RestoreOld { name, replace } => {
                 if let Ok(old) = &plans.old {
                     if let Some(old_id) = replace {
-                        steps::ignore_missing(cri.remove_container(&old_id).await)?;
+                        crate::pod::start::ignore_missing(cri.remove_container(&old_id).await)?;
                     }
                     if let Some(c) = find(old, &name) {
                         let fresh = steps::pod_now(
@@ -634,7 +635,7 @@ impl<R: CriRuntime + 'static> Engine<R> {
         };
         let event = |kind: &str, reason: &str, message: String| -> Option<QueuedEvent> {
             let pod = &ctx?.pod;
-            let ev = crate::runtime::status::pod_event(
+            let ev = crate::pod::status::pod_event(
                 pod,
                 kind,
                 reason,
@@ -774,14 +775,16 @@ impl<R: CriRuntime + 'static> Engine<R> {
         };
         let mut target = running.clone();
         match (&plan.mode, &plan.target_spec) {
-            (Mode::Recreate, Some(spec)) => plan::recreate_target(&mut target, spec, &rec.to_hash),
+            (Mode::Recreate, Some(spec)) => {
+                crate::pod::running::recreate_target(&mut target, spec, &rec.to_hash)
+            }
             (Mode::Recreate, None) => {
                 return Ok(Err(Blocked::End(
                     "the journal's recreate plan has no target spec".into(),
                 )))
             }
             (Mode::InPlace, _) => {
-                plan::apply_images(&mut target, &plan::images(&plan), &rec.to_hash)
+                crate::pod::running::apply_images(&mut target, &plan::images(&plan), &rec.to_hash)
             }
         }
         let dir_uid = self

@@ -5,9 +5,10 @@
 use super::machine::{Observed, Pair, Pod as MPod, Run, Sandboxes, Seen};
 use super::plan::{Mode, UpgradePlan};
 use crate::cri::{api, labels, CriError, CriRuntime};
+use crate::pod::observe::{attempt_of, ContainerFacts, Observer, PodObserved, Snapshot};
+use crate::pod::probes::{self, ProbeSpec, ProbeState};
+use crate::pod::start::ignore_missing;
 use crate::podspec::{ContainerPlan, PodPlan};
-use crate::runtime::observe::{attempt_of, ContainerFacts, Observer, PodObserved, Snapshot};
-use crate::runtime::probes::{self, ProbeSpec, ProbeState};
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Instant;
@@ -445,7 +446,12 @@ pub async fn create_new<R: CriRuntime>(
     }
     cfg.labels
         .insert(labels::UPGRADE_ID.to_string(), upgrade_id.to_string());
-    cfg.log_path = format!("{}_{attempt}.log", c.name);
+    cfg.log_path =
+        crate::names::log_file_name(&c.name, attempt).map_err(|reason| CriError::Call {
+            method: "CreateContainer",
+            code: "InvalidArgument".into(),
+            message: reason,
+        })?;
     let id = cri
         .create_container(&sb.id, cfg, target.sandbox.clone())
         .await?;
@@ -461,7 +467,7 @@ pub async fn restore<R: CriRuntime>(
     c: &ContainerPlan,
 ) -> Result<String, CriError> {
     let sb = now.ready_sandbox()?;
-    crate::runtime::act::create_and_start(
+    crate::pod::start::create_and_start(
         cri,
         &old.name,
         &sb.id,
@@ -470,13 +476,6 @@ pub async fn restore<R: CriRuntime>(
         now.next_attempt(&c.name),
     )
     .await
-}
-
-pub fn ignore_missing(r: Result<(), CriError>) -> Result<(), CriError> {
-    match r {
-        Err(e) if e.is_not_found() => Ok(()),
-        other => other,
-    }
 }
 
 /// Recreate: prepares the target's volumes and runs the new sandbox (labelled with the upgrade

@@ -2,15 +2,36 @@
 //! runtime with what it references (from the cache) and what the snapshot knows (its
 //! sandbox's attempt and address).
 
-use super::decide::DesiredPod;
 use super::observe::Snapshot;
 use crate::object::Kind;
-use crate::podspec::{self, PlanError, PodContext, Unsupported};
+use crate::podspec::{self, PlanError, PodContext, PodPlan, Unsupported};
 use crate::sources::fetch;
 use crate::store::{RunningRevision, Store, StoreError, StoredObject};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::Path;
+
+/// A cached pod, read once per pass and translated for the runtime.
+#[derive(Debug, Clone)]
+pub struct DesiredPod {
+    pub obj: StoredObject,
+    /// `metadata.deletionGracePeriodSeconds`, else `spec.terminationGracePeriodSeconds`, else 30.
+    pub grace_secs: i64,
+    /// `None` when the pod is being deleted or its JSON cannot be read (it is still wanted as
+    /// it runs: an unreadable row must not stop a running pod).
+    pub plan: Option<Result<PodPlan, PlanError>>,
+    /// The context the plan was translated with, for a sandbox start that translates again
+    /// once the sandbox has its address.
+    pub ctx: Option<PodContext>,
+    /// The pod's `status` as the apiserver last returned it (null when it has none).
+    pub status: serde_json::Value,
+}
+
+impl DesiredPod {
+    pub fn uid(&self) -> &str {
+        &self.obj.index.uid
+    }
+}
 
 /// A pod uid that cannot name a directory (see [`crate::names::check_uid`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -90,7 +111,7 @@ pub fn as_running(pod: &mut Value, running: Option<&RunningRevision>) -> bool {
     if crate::revision::pod_hash(pod) == Some(r.hash.as_str()) {
         return false;
     }
-    match serde_json::from_str::<crate::upgrade::plan::RunningAs>(&r.images) {
+    match serde_json::from_str::<super::running::RunningAs>(&r.images) {
         Ok(how) => how.apply(pod, &r.hash),
         Err(e) => {
             tracing::warn!(pod_uid = %r.pod_uid, error = %e, "the runtime map's entry cannot be read; running the cached pod");

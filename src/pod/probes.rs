@@ -7,11 +7,12 @@
 //! container is replaced, so a new container starts over: not ready, with a fresh initial
 //! delay.
 
-use super::decide::DesiredPod;
+use super::desired::DesiredPod;
 use super::observe::Snapshot;
 use crate::cri::{api, CriRuntime};
+pub use crate::podspec::{ProbeAction, ProbeSpec};
 use std::collections::{HashMap, HashSet};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Which probe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -130,36 +131,6 @@ pub fn track(
         }
     }
     probes.retain(|k, _| live.contains(k));
-}
-
-/// What a probe does.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ProbeAction {
-    Exec(Vec<String>),
-    HttpGet {
-        /// `scheme: HTTPS`. As with the kubelet, the certificate is not verified.
-        https: bool,
-        /// `None`: the pod's address.
-        host: Option<String>,
-        port: u16,
-        path: String,
-        headers: Vec<(String, String)>,
-    },
-    TcpSocket {
-        host: Option<String>,
-        port: u16,
-    },
-}
-
-/// A probe as the pod spec defines it, with the API's defaults filled in.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProbeSpec {
-    pub action: ProbeAction,
-    pub initial_delay: Duration,
-    pub period: Duration,
-    pub timeout: Duration,
-    pub success_threshold: u32,
-    pub failure_threshold: u32,
 }
 
 /// One probe's history for one container.
@@ -417,6 +388,7 @@ async fn http_get(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn spec(success: u32, failure: u32) -> ProbeSpec {
         ProbeSpec {
