@@ -581,7 +581,7 @@ fn init_containers_come_in_order_and_pull_policy_defaults() {
 
 #[test]
 fn probes_take_the_api_defaults_and_named_ports() {
-    use crate::pod::probes::ProbeAction;
+    use crate::podspec::ProbeAction;
     use std::time::Duration;
     let plan = translate(&runnable("telemetry-sv74m"), &ctx()).unwrap();
     let r = plan.containers[0].readiness.clone().unwrap();
