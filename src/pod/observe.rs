@@ -46,8 +46,20 @@ pub struct PodObserved<'a> {
     uid: &'a str,
 }
 
-fn attempt_of_sandbox(s: &api::PodSandbox) -> u32 {
+/// A sandbox's attempt (how many sandboxes the pod had before it).
+pub fn attempt_of_sandbox(s: &api::PodSandbox) -> u32 {
     s.metadata.as_ref().map(|m| m.attempt).unwrap_or(0)
+}
+
+/// Whether a sandbox is ready (its network and namespaces are up).
+pub fn is_ready(s: &api::PodSandbox) -> bool {
+    s.state == api::PodSandboxState::SandboxReady as i32
+}
+
+/// Whether container `c` is the pod's container `name` (its label, not the runtime's name,
+/// which carries the attempt).
+pub fn is_named(c: &api::Container, name: &str) -> bool {
+    c.labels.get(labels::CONTAINER_NAME).map(String::as_str) == Some(name)
 }
 
 /// A container's attempt (its restart count).
@@ -149,7 +161,7 @@ impl<'a> PodObserved<'a> {
     /// The ready sandbox with the highest attempt: the one the pod runs in.
     pub fn ready_sandbox(&self) -> Option<&'a api::PodSandbox> {
         self.sandboxes()
-            .filter(|s| s.state == api::PodSandboxState::SandboxReady as i32)
+            .filter(|s| is_ready(s))
             .max_by_key(|s| attempt_of_sandbox(s))
     }
 
@@ -181,7 +193,7 @@ impl<'a> PodObserved<'a> {
     /// The newest attempt of container `name` in sandbox `sandbox_id`.
     pub fn latest(&self, sandbox_id: &'a str, name: &str) -> Option<&'a api::Container> {
         self.containers_in(sandbox_id)
-            .filter(|c| c.labels.get(labels::CONTAINER_NAME).map(String::as_str) == Some(name))
+            .filter(|c| is_named(c, name))
             .max_by_key(|c| attempt_of(c))
     }
 

@@ -38,6 +38,17 @@ pub fn ignore_missing(r: Result<(), CriError>) -> Result<(), CriError> {
     }
 }
 
+/// The credentials a container's image is pulled with. No server_address: the credentials
+/// were already matched to the image's registry, and containerd parses that field as a URL,
+/// so a plain `host:port` (the usual docker config key) makes every pull fail.
+pub fn pull_auth(c: &ContainerPlan) -> Option<api::AuthConfig> {
+    c.auth.as_ref().map(|a| api::AuthConfig {
+        username: a.username.clone(),
+        password: a.password.clone(),
+        ..Default::default()
+    })
+}
+
 /// Pulls the image per policy, then creates and starts the container.
 pub async fn create_and_start<R: CriRuntime>(
     cri: &R,
@@ -60,15 +71,7 @@ pub async fn create_and_start<R: CriRuntime>(
             })
         }
         (PullPolicy::Always, _) | (PullPolicy::IfNotPresent, false) => {
-            // No server_address: the credentials were already matched to the image's
-            // registry, and containerd parses that field as a URL, so a plain `host:port`
-            // (the usual docker config key) makes every pull fail.
-            let auth = c.auth.as_ref().map(|a| api::AuthConfig {
-                username: a.username.clone(),
-                password: a.password.clone(),
-                ..Default::default()
-            });
-            super::slots::pull(cri, &c.image, auth).await?;
+            super::slots::pull(cri, &c.image, pull_auth(c)).await?;
         }
         _ => {}
     }

@@ -147,6 +147,20 @@ pub fn log(conn: &Connection, id: i64) -> Result<Vec<LogLine>, StoreError> {
     Ok(rows.collect::<Result<_, _>>()?)
 }
 
+/// A `running_revisions` row, selected as (pod_uid, hash, images, committed_ms, namespace,
+/// owner_uid, awaiting_since_ms).
+fn running_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunningRevision> {
+    Ok(RunningRevision {
+        pod_uid: r.get(0)?,
+        hash: r.get(1)?,
+        images: r.get(2)?,
+        committed_ms: r.get(3)?,
+        namespace: r.get(4)?,
+        owner_uid: r.get(5)?,
+        awaiting_since_ms: r.get(6)?,
+    })
+}
+
 pub fn running_revision(
     conn: &Connection,
     pod_uid: &str,
@@ -155,17 +169,7 @@ pub fn running_revision(
         .prepare_cached(
             "SELECT pod_uid, hash, images, committed_ms, namespace, owner_uid, awaiting_since_ms FROM running_revisions WHERE pod_uid = ?1",
         )?
-        .query_row(params![pod_uid], |r| {
-            Ok(RunningRevision {
-                pod_uid: r.get(0)?,
-                hash: r.get(1)?,
-                images: r.get(2)?,
-                committed_ms: r.get(3)?,
-                namespace: r.get(4)?,
-                owner_uid: r.get(5)?,
-                awaiting_since_ms: r.get(6)?,
-            })
-        })
+        .query_row(params![pod_uid], running_row)
         .optional()?)
 }
 
@@ -173,17 +177,7 @@ pub fn running_revisions(conn: &Connection) -> Result<Vec<RunningRevision>, Stor
     let mut stmt = conn.prepare_cached(
         "SELECT pod_uid, hash, images, committed_ms, namespace, owner_uid, awaiting_since_ms FROM running_revisions ORDER BY pod_uid",
     )?;
-    let rows = stmt.query_map([], |r| {
-        Ok(RunningRevision {
-            pod_uid: r.get(0)?,
-            hash: r.get(1)?,
-            images: r.get(2)?,
-            committed_ms: r.get(3)?,
-            namespace: r.get(4)?,
-            owner_uid: r.get(5)?,
-            awaiting_since_ms: r.get(6)?,
-        })
-    })?;
+    let rows = stmt.query_map([], running_row)?;
     Ok(rows.collect::<Result<_, _>>()?)
 }
 

@@ -5,7 +5,10 @@
 use super::machine::{Observed, Pair, Pod as MPod, Run, Sandboxes, Seen};
 use super::plan::{Mode, UpgradePlan};
 use crate::cri::{api, labels, CriError, CriRuntime};
-use crate::pod::observe::{attempt_of, ContainerFacts, Observer, PodObserved, Snapshot};
+use crate::pod::observe::{
+    attempt_of, attempt_of_sandbox, is_named, is_ready, ContainerFacts, Observer, PodObserved,
+    Snapshot,
+};
 use crate::pod::probes::{self, ProbeSpec, ProbeState};
 use crate::pod::start::ignore_missing;
 use crate::podspec::{ContainerPlan, PodPlan};
@@ -22,20 +25,8 @@ pub struct PodNow {
     uid: String,
 }
 
-fn named(c: &api::Container, name: &str) -> bool {
-    c.labels.get(labels::CONTAINER_NAME).map(String::as_str) == Some(name)
-}
-
 fn of_upgrade(l: &HashMap<String, String>, id: &str) -> bool {
     l.get(labels::UPGRADE_ID).map(String::as_str) == Some(id)
-}
-
-fn ready(s: &api::PodSandbox) -> bool {
-    s.state == api::PodSandboxState::SandboxReady as i32
-}
-
-fn sandbox_attempt(s: &api::PodSandbox) -> u32 {
-    s.metadata.as_ref().map(|m| m.attempt).unwrap_or(0)
 }
 
 /// Reads the runtime once, through the observer (which remembers what does not change), and
@@ -96,7 +87,7 @@ impl PodNow {
     /// The next attempt number for container `name` in the ready sandbox.
     pub fn next_attempt(&self, name: &str) -> u32 {
         self.containers()
-            .filter(|c| named(c, name))
+            .filter(|c| is_named(c, name))
             .map(|c| attempt_of(c) + 1)
             .max()
             .unwrap_or(0)
@@ -107,7 +98,7 @@ impl PodNow {
     pub fn next_attempt_anywhere(&self, name: &str) -> u32 {
         self.obs()
             .containers()
-            .filter(|c| named(c, name))
+            .filter(|c| is_named(c, name))
             .map(|c| attempt_of(c) + 1)
             .max()
             .unwrap_or(0)
@@ -126,7 +117,7 @@ impl PodNow {
     ) -> (Option<&api::Container>, Option<&api::Container>) {
         let newest = |new: bool| {
             self.containers()
-                .filter(|c| named(c, name) && of_upgrade(&c.labels, upgrade_id) == new)
+                .filter(|c| is_named(c, name) && of_upgrade(&c.labels, upgrade_id) == new)
                 .max_by_key(|c| attempt_of(c))
         };
         (newest(false), newest(true))
@@ -138,7 +129,7 @@ impl PodNow {
             self.obs()
                 .sandboxes()
                 .filter(|s| of_upgrade(&s.labels, upgrade_id) == new)
-                .max_by_key(|s| sandbox_attempt(s))
+                .max_by_key(|s| attempt_of_sandbox(s))
         };
         (newest(false), newest(true))
     }
@@ -147,7 +138,7 @@ impl PodNow {
     pub fn in_sandbox(&self, sb: &str, name: &str) -> Option<&api::Container> {
         self.obs()
             .containers()
-            .filter(|c| c.pod_sandbox_id == sb && named(c, name))
+            .filter(|c| c.pod_sandbox_id == sb && is_named(c, name))
             .max_by_key(|c| attempt_of(c))
     }
 
@@ -349,7 +340,7 @@ async fn observe_recreate<R: CriRuntime>(
     let pod = |s: Option<&api::PodSandbox>| {
         s.map(|s| MPod {
             id: s.id.clone(),
-            ready: ready(s),
+            ready: is_ready(s),
         })
     };
     let stop_first = target
@@ -357,7 +348,7 @@ async fn observe_recreate<R: CriRuntime>(
     Observed {
         missing_images: missing,
         pairs,
-        sandbox_ready: new_sb.is_some_and(ready),
+        sandbox_ready: new_sb.is_some_and(is_ready),
         recreate: Some(Sandboxes {
             old: pod(old_sb),
             new: pod(new_sb),
@@ -409,12 +400,7 @@ pub async fn pull<R: CriRuntime>(cri: &R, image: &str, target: &PodPlan) -> Resu
         .iter()
         .chain(&target.init_containers)
         .find(|c| c.image == image)
-        .and_then(|c| c.auth.as_ref())
-        .map(|a| api::AuthConfig {
-            username: a.username.clone(),
-            password: a.password.clone(),
-            ..Default::default()
-        });
+        .and_then(crate::pod::start::pull_auth);
     cri.pull_image(image, auth).await.map(|_| ())
 }
 
