@@ -9,6 +9,7 @@ mod client;
 mod error;
 pub mod kubeconfig;
 pub mod resource;
+mod retry;
 pub mod tls;
 pub mod watch;
 
@@ -18,4 +19,5 @@ pub use client::{
 pub use error::{KubeError, Request, Status};
 pub use kubeconfig::{Kubeconfig, KubeconfigError};
 pub use resource::Resource;
+pub use retry::delay_after;
 pub use watch::WatchEvent;

@@ -186,7 +186,7 @@ async fn keep_current(client: ApiClient, store: Arc<Store>, key: Key, mut rv: St
         {
             Ok(s) => s,
             Err(e) if e.is_offline() || e.retry_after().is_some() => {
-                tokio::time::sleep(crate::sync::delay_after(&e, &mut backoff)).await;
+                tokio::time::sleep(crate::kube::delay_after(&e, &mut backoff)).await;
                 continue;
             }
             Err(e) if e.is_expired() => match read_one(&client, &key).await {
