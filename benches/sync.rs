@@ -161,7 +161,7 @@ async fn end_to_end(t: &Value, pods: usize) {
     let store = Arc::new(Store::open(&cfg.db_path(), OpenMode::Normal).expect("store"));
     let (tx, rx) = tokio::sync::watch::channel(false);
     let start = Instant::now();
-    let sync = Sync::spawn(&cfg, client(&cfg), store.clone(), rx);
+    let sync = Sync::spawn(&cfg.node_name, &cfg.sync, client(&cfg), store.clone(), rx);
     wait_for(|| store.count(Kind::Pod).unwrap_or(0) == pods as u64).await;
     let ms = start.elapsed().as_secs_f64() * 1000.0;
     println!("initial sync of {pods} pods over TLS into SQLite: {ms:.0} ms");

@@ -1,9 +1,19 @@
 //! Configuration: defaults, then the TOML file, then `EDGEHUB_*` environment variables, then
 //! command-line flags, each layer overriding the one before.
 //!
+//! Each section's type is defined by the module that reads it (`sync::SyncConfig`,
+//! `api::ApiConfig`, `node::NodeConfig`, `upgrade::UpgradeConfig`, `outbox::ReportConfig`,
+//! `logs::LogsConfig`); this module only reads the file and composes them, so it sits above
+//! them all and none of them imports it.
+//!
 //! [`Config::resolve`] is pure (it takes the file's text, the environment and the flags as
 //! values) so every rule is unit-tested; [`Config::load`] does the I/O around it.
 
+pub use crate::api::ApiConfig;
+pub use crate::logs::LogsConfig;
+pub use crate::node::{NodeConfig, Taint};
+pub use crate::outbox::ReportConfig;
+pub use crate::sync::SyncConfig;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -31,96 +41,6 @@ pub struct Config {
     pub upgrade: crate::upgrade::UpgradeConfig,
     pub report: ReportConfig,
     pub logs: LogsConfig,
-}
-
-/// Container log rotation (`[logs]`), the kubelet's container log manager's knobs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LogsConfig {
-    /// A container's log is rotated once it is this large (the kubelet's
-    /// `containerLogMaxSize`).
-    pub max_size_bytes: u64,
-    /// Files kept per container attempt, the one being written included (the kubelet's
-    /// `containerLogMaxFiles`).
-    pub max_files: usize,
-    /// How often the logs' sizes are checked (`containerLogMonitorInterval`).
-    pub monitor_interval: Duration,
-}
-
-/// How reports reach the cloud when the link returns (`[report]`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReportConfig {
-    /// How an upgrade's new revision is reported.
-    pub mode: crate::outbox::RevisionReport,
-    /// How long a sandbox whose pod object was deleted waits for its replacement to adopt it.
-    pub adopt_timeout: Duration,
-    /// The longest random wait before draining when the link comes back.
-    pub reconnect_jitter: Duration,
-    /// Requests a second the outbox sends at most (0: no limit).
-    pub max_rate: u32,
-    /// The longest wait before a refused report is tried again (its backoff's ceiling).
-    pub retry_max: Duration,
-}
-
-/// The Node object edgehub registers and keeps current, as a kubelet would.
-#[derive(Debug, Clone, PartialEq)]
-pub struct NodeConfig {
-    /// Extra labels on self-registration (NodeRestriction-allowed ones only).
-    pub labels: std::collections::BTreeMap<String, String>,
-    pub taints: Vec<Taint>,
-    pub max_pods: u32,
-    /// Memory kept back from allocatable for the system.
-    pub memory_reserve_bytes: u64,
-    pub lease_renew: Duration,
-    pub lease_duration_secs: u32,
-    /// Status is patched on change, and at least this often.
-    pub status_report: Duration,
-    /// MemoryPressure when MemAvailable drops below this.
-    pub memory_pressure_bytes: u64,
-    /// DiskPressure when the data dir's filesystem has less free space than this share.
-    pub disk_pressure_percent: u8,
-    /// PIDPressure when more than this share of pid_max is in use.
-    pub pid_pressure_percent: u8,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Taint {
-    pub key: String,
-    #[serde(default)]
-    pub value: String,
-    pub effect: String,
-}
-
-/// Local API options beyond `api_addr`.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct ApiConfig {
-    /// Also serve on this unix socket.
-    pub socket: Option<PathBuf>,
-    /// File mode of the socket.
-    pub socket_mode: u32,
-    /// Group owning the socket (by name), so the OTA manager's group can connect.
-    pub socket_group: Option<String>,
-    /// File holding a bearer token the API requires (health probes excepted).
-    pub token_file: Option<PathBuf>,
-}
-
-/// Knobs of the reflectors. Defaults suit a device on a flaky cellular link.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SyncConfig {
-    /// Namespaces whose DaemonSets and ControllerRevisions are watched; empty means all.
-    /// Pods are always selected by node name, and the Node by its name.
-    pub watch_namespaces: Vec<String>,
-    /// Minimum time between cursor writes that carry no object change (bookmarks).
-    pub cursor_checkpoint: Duration,
-    pub backoff_initial: Duration,
-    pub backoff_max: Duration,
-    /// Timeout of a non-watch request, and of connecting.
-    pub request_timeout: Duration,
-    /// A watch with no bytes (not even a bookmark) for this long is considered stalled.
-    pub watch_idle_timeout: Duration,
-    /// Largest single watch event or list page accepted, in bytes.
-    pub max_event_bytes: usize,
-    pub list_page_size: u32,
 }
 
 impl Config {

@@ -187,6 +187,19 @@ pub fn choose_container(
 
 pub use crate::names::{log_file_name, parse_file_name};
 
+/// Container log rotation (`[logs]`), the kubelet's container log manager's knobs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogsConfig {
+    /// A container's log is rotated once it is this large (the kubelet's
+    /// `containerLogMaxSize`).
+    pub max_size_bytes: u64,
+    /// Files kept per container attempt, the one being written included (the kubelet's
+    /// `containerLogMaxFiles`).
+    pub max_files: usize,
+    /// How often the logs' sizes are checked (`containerLogMonitorInterval`).
+    pub monitor_interval: std::time::Duration,
+}
+
 /// Where the pod runtime has the CRI write a pod's container logs; `None` for a uid that
 /// cannot name a directory (such a pod never ran: see `pod::desired::pod_dir`).
 pub fn pod_log_dir(data_dir: &Path, pod_uid: &str) -> Option<PathBuf> {

@@ -233,8 +233,8 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
     tracing::info!(node = %config.node_name, db = %store.path().display(), "store open");
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
     let cri_health = cri::spawn_monitor(CriClient::new(&config.cri_socket), shutdown_rx.clone());
-    let token = listen::read_token(&config)?;
-    let listeners = listen::bind(&config).await?;
+    let token = listen::read_token(&config.api)?;
+    let listeners = listen::bind(config.api_addr, &config.api).await?;
     let client = api_client(&config)?;
     let probe = Arc::new(node::HostProbe {
         data_dir: config.data_dir.clone(),
@@ -263,7 +263,12 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
     // upgrades before the runtime's first pass (after a crash, a half-swapped pod is the
     // engine's to finish or roll back, not the runtime's to "repair").
     // Prepared (not started) here: the engine and the report sender follow its link state.
-    let mut sync = edgehub::sync::Sync::prepare(&config, client.clone(), store.clone());
+    let mut sync = edgehub::sync::Sync::prepare(
+        &config.node_name,
+        &config.sync,
+        client.clone(),
+        store.clone(),
+    );
     let engine = Arc::new(edgehub::upgrade::Engine {
         cri: Arc::new(CriClient::new(&config.cri_socket)),
         store: store.clone(),
@@ -450,7 +455,7 @@ fn local_client(cli: &Cli) -> anyhow::Result<LocalClient> {
     let config = load_config(cli)?;
     Ok(LocalClient {
         addr: config.api_addr,
-        token: listen::read_token(&config)?,
+        token: listen::read_token(&config.api)?,
         timeout: std::time::Duration::from_secs(30),
     })
 }

@@ -8,7 +8,6 @@
 //! device looks like right now), so they are unit-tested; [`HostProbe`] reads the sample from
 //! the machine, and tests substitute their own [`NodeProbe`].
 
-use crate::config::{NodeConfig, Taint};
 use crate::kube::resource::{LEASES, NODES};
 use crate::kube::{ApiClient, KubeError, PatchType};
 use crate::sync::LinkState;
@@ -64,6 +63,36 @@ pub fn goarch() -> &'static str {
         "x86" => "386",
         other => other,
     }
+}
+
+/// The Node object edgehub registers and keeps current, as a kubelet would.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeConfig {
+    /// Extra labels on self-registration (NodeRestriction-allowed ones only).
+    pub labels: std::collections::BTreeMap<String, String>,
+    pub taints: Vec<Taint>,
+    pub max_pods: u32,
+    /// Memory kept back from allocatable for the system.
+    pub memory_reserve_bytes: u64,
+    pub lease_renew: std::time::Duration,
+    pub lease_duration_secs: u32,
+    /// Status is patched on change, and at least this often.
+    pub status_report: std::time::Duration,
+    /// MemoryPressure when MemAvailable drops below this.
+    pub memory_pressure_bytes: u64,
+    /// DiskPressure when the data dir's filesystem has less free space than this share.
+    pub disk_pressure_percent: u8,
+    /// PIDPressure when more than this share of pid_max is in use.
+    pub pid_pressure_percent: u8,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Taint {
+    pub key: String,
+    #[serde(default)]
+    pub value: String,
+    pub effect: String,
 }
 
 /// The labels of the Node: the kubelet's well-known ones and the configured ones.

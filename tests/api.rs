@@ -30,7 +30,7 @@ async fn start_api_with(
 ) -> Api {
     let mut cfg = h.config.clone();
     cfg.api_addr = "127.0.0.1:0".parse().unwrap();
-    let mut ls = listen::bind(&cfg).await.unwrap();
+    let mut ls = listen::bind(cfg.api_addr, &cfg.api).await.unwrap();
     let Listener::Tcp(tcp) = ls.remove(0) else {
         panic!("tcp first")
     };
@@ -434,7 +434,7 @@ async fn unix_socket_with_mode() {
     cfg.api.socket = Some(sock.clone());
     cfg.api.socket_mode = 0o600;
     cfg.api.socket_group = Some("root".into());
-    let ls = listen::bind(&cfg).await.unwrap();
+    let ls = listen::bind(cfg.api_addr, &cfg.api).await.unwrap();
     assert_eq!(ls.len(), 2);
     assert_eq!(
         std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777,
@@ -465,11 +465,11 @@ async fn unix_socket_with_mode() {
         "{out}"
     );
     // A second bind replaces the stale socket; a regular file at the path is refused.
-    drop(listen::bind(&cfg).await.unwrap());
+    drop(listen::bind(cfg.api_addr, &cfg.api).await.unwrap());
     let file = h.dir.path().join("notasocket");
     std::fs::write(&file, "x").unwrap();
     cfg.api.socket = Some(file);
-    assert!(listen::bind(&cfg).await.is_err());
+    assert!(listen::bind(cfg.api_addr, &cfg.api).await.is_err());
     h.stop().await;
 }
 
@@ -612,7 +612,7 @@ async fn a_hung_runtime_gets_a_503_that_names_it_and_records_nothing() {
     });
     let mut cfg = h.config.clone();
     cfg.api_addr = "127.0.0.1:0".parse().unwrap();
-    let mut ls = listen::bind(&cfg).await.unwrap();
+    let mut ls = listen::bind(cfg.api_addr, &cfg.api).await.unwrap();
     let Listener::Tcp(tcp) = ls.remove(0) else {
         panic!("tcp first")
     };

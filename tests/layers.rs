@@ -20,18 +20,6 @@ const KNOWN_UPWARD: &[(&str, &str, &str)] = &[
         "config",
         "ApiClient::from_config reads Config; its options move to a kube section",
     ),
-    (
-        "sync",
-        "config",
-        "the reflector reads Config's sync section, defined in config.rs",
-    ),
-    (
-        "logs",
-        "config",
-        "rotation's Policy reads LogsConfig, defined in config.rs",
-    ),
-    ("api", "config", "the API's limits are read from Config"),
-    ("node", "config", "the node registration reads Config"),
 ];
 
 /// Layer number by module, from the table in docs/architecture.md.

@@ -1,8 +1,9 @@
 //! Opening the API's listeners: the TCP address, and optionally a unix socket with a file mode
 //! and group, so only the OTA manager's group can talk to edgehub.
 
+use super::ApiConfig;
 use super::Listener;
-use crate::config::Config;
+use std::net::SocketAddr;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -20,20 +21,17 @@ pub enum ListenError {
     Token { path: PathBuf, reason: String },
 }
 
-/// Binds every configured listener.
-pub async fn bind(config: &Config) -> Result<Vec<Listener>, ListenError> {
-    let tcp = tokio::net::TcpListener::bind(config.api_addr)
+/// Binds every configured listener: TCP on `addr`, and the unix socket if `api` names one.
+pub async fn bind(addr: SocketAddr, api: &ApiConfig) -> Result<Vec<Listener>, ListenError> {
+    let tcp = tokio::net::TcpListener::bind(addr)
         .await
-        .map_err(|source| ListenError::Tcp {
-            addr: config.api_addr,
-            source,
-        })?;
+        .map_err(|source| ListenError::Tcp { addr, source })?;
     let mut out = vec![Listener::Tcp(tcp)];
-    if let Some(path) = &config.api.socket {
+    if let Some(path) = &api.socket {
         out.push(Listener::Unix(bind_unix(
             path,
-            config.api.socket_mode,
-            config.api.socket_group.as_deref(),
+            api.socket_mode,
+            api.socket_group.as_deref(),
         )?));
     }
     Ok(out)
@@ -85,8 +83,8 @@ pub fn gid_of(name: &str, etc_group: &str) -> Option<u32> {
 }
 
 /// Reads the API's bearer token, if one is configured.
-pub fn read_token(config: &Config) -> Result<Option<String>, ListenError> {
-    let Some(path) = &config.api.token_file else {
+pub fn read_token(api: &ApiConfig) -> Result<Option<String>, ListenError> {
+    let Some(path) = &api.token_file else {
         return Ok(None);
     };
     let err = |reason: String| ListenError::Token {

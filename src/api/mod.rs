@@ -29,6 +29,19 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{watch, Semaphore};
 
+/// Local API options beyond `api_addr`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ApiConfig {
+    /// Also serve on this unix socket.
+    pub socket: Option<std::path::PathBuf>,
+    /// File mode of the socket.
+    pub socket_mode: u32,
+    /// Group owning the socket (by name), so the OTA manager's group can connect.
+    pub socket_group: Option<String>,
+    /// File holding a bearer token the API requires (health probes excepted).
+    pub token_file: Option<std::path::PathBuf>,
+}
+
 /// Largest request body read (the routes take none; this only bounds what is drained).
 pub const MAX_BODY: usize = 64 << 10;
 /// Largest request head (request line plus headers).

@@ -44,7 +44,7 @@ pub struct Policy {
 }
 
 impl Policy {
-    pub fn from_config(c: &crate::config::LogsConfig) -> Policy {
+    pub fn from_config(c: &super::LogsConfig) -> Policy {
         Policy {
             max_size: c.max_size_bytes,
             max_files: c.max_files,

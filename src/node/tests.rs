@@ -1,17 +1,20 @@
 use super::*;
-use crate::config::Config;
+use std::time::Duration;
 
+/// The defaults config.rs resolves, with 32 pods and one extra label.
 fn cfg() -> NodeConfig {
-    let file = "[node]\nmax_pods = 32\nmemory_reserve_mib = 256\nlabels = { \"openyurt.io/is-edge-worker\" = \"true\" }\n";
-    Config::resolve(
-        Some(file),
-        std::path::Path::new("t"),
-        &[],
-        &Default::default(),
-        Some("edge-1".into()),
-    )
-    .unwrap()
-    .node
+    NodeConfig {
+        labels: BTreeMap::from([("openyurt.io/is-edge-worker".into(), "true".into())]),
+        taints: Vec::new(),
+        max_pods: 32,
+        memory_reserve_bytes: 256 << 20,
+        lease_renew: Duration::from_secs(10),
+        lease_duration_secs: 40,
+        status_report: Duration::from_secs(300),
+        memory_pressure_bytes: 100 << 20,
+        disk_pressure_percent: 10,
+        pid_pressure_percent: 90,
+    }
 }
 
 fn sample() -> NodeSample {

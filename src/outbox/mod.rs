@@ -49,6 +49,21 @@ use tokio::sync::watch;
 /// the deletion is asked again.
 const AWAIT_RESEND: Duration = Duration::from_secs(30);
 
+/// How reports reach the cloud when the link returns (`[report]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReportConfig {
+    /// How an upgrade's new revision is reported.
+    pub mode: RevisionReport,
+    /// How long a sandbox whose pod object was deleted waits for its replacement to adopt it.
+    pub adopt_timeout: Duration,
+    /// The longest random wait before draining when the link comes back.
+    pub reconnect_jitter: Duration,
+    /// Requests a second the outbox sends at most (0: no limit).
+    pub max_rate: u32,
+    /// The longest wait before a refused report is tried again (its backoff's ceiling).
+    pub retry_max: Duration,
+}
+
 /// How the revision an upgrade committed offline reaches the cloud.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RevisionReport {

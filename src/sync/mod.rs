@@ -29,7 +29,6 @@
 mod reflector;
 
 pub use crate::backoff::Backoff;
-use crate::config::{Config, SyncConfig};
 use crate::kube::resource::{CONTROLLER_REVISIONS, DAEMONSETS, NODES, PODS};
 use crate::kube::{ApiClient, KubeError, ListParams, Resource, WatchEvent};
 use crate::object::{Kind, ObjectIndex};
@@ -39,6 +38,25 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
+
+/// Knobs of the reflectors. Defaults suit a device on a flaky cellular link.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SyncConfig {
+    /// Namespaces whose DaemonSets and ControllerRevisions are watched; empty means all.
+    /// Pods are always selected by node name, and the Node by its name.
+    pub watch_namespaces: Vec<String>,
+    /// Minimum time between cursor writes that carry no object change (bookmarks).
+    pub cursor_checkpoint: Duration,
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+    /// Timeout of a non-watch request, and of connecting.
+    pub request_timeout: Duration,
+    /// A watch with no bytes (not even a bookmark) for this long is considered stalled.
+    pub watch_idle_timeout: Duration,
+    /// Largest single watch event or list page accepted, in bytes.
+    pub max_event_bytes: usize,
+    pub list_page_size: u32,
+}
 
 /// Whether the apiserver is reachable, as last seen by any reflector.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -210,25 +228,31 @@ pub struct Sync {
 impl Sync {
     /// Starts one task per reflector of [`plan`].
     pub fn spawn(
-        config: &Config,
+        node_name: &str,
+        config: &SyncConfig,
         client: ApiClient,
         store: Arc<Store>,
         shutdown: watch::Receiver<bool>,
     ) -> Sync {
-        let mut sync = Sync::prepare(config, client, store);
+        let mut sync = Sync::prepare(node_name, config, client, store);
         sync.start(shutdown);
         sync
     }
 
     /// Plans the reflectors and prunes the cache to their selection, without starting
     /// them: the link state and stats exist for the local API before the sync begins.
-    pub fn prepare(config: &Config, client: ApiClient, store: Arc<Store>) -> Sync {
+    pub fn prepare(
+        node_name: &str,
+        config: &SyncConfig,
+        client: ApiClient,
+        store: Arc<Store>,
+    ) -> Sync {
         let (reporter, link) = LinkReporter::new();
-        let specs = plan(&config.node_name, &config.sync);
+        let specs = plan(node_name, config);
         // A changed node name or namespace list must not leave objects or cursors of the old
         // selection behind, where nothing would ever update or delete them.
         let keys: Vec<String> = specs.iter().map(ReflectorSpec::key).collect();
-        let ns = &config.sync.watch_namespaces;
+        let ns = &config.watch_namespaces;
         match store.prune(
             &keys,
             &[(Kind::DaemonSet, ns), (Kind::ControllerRevision, ns)],
@@ -250,7 +274,7 @@ impl Sync {
                 client: client.clone(),
                 store: store.clone(),
                 link: reporter.clone(),
-                cfg: config.sync.clone(),
+                cfg: config.clone(),
                 stats: st,
             };
             pending.push(r);
@@ -292,18 +316,16 @@ mod tests {
     use super::*;
 
     fn sync_cfg(ns: &[&str]) -> SyncConfig {
-        crate::config::Config::resolve(
-            None,
-            std::path::Path::new("x"),
-            &[],
-            &Default::default(),
-            Some("edge-1".into()),
-        )
-        .map(|mut c| {
-            c.sync.watch_namespaces = ns.iter().map(|s| s.to_string()).collect();
-            c.sync
-        })
-        .unwrap()
+        SyncConfig {
+            watch_namespaces: ns.iter().map(|s| s.to_string()).collect(),
+            cursor_checkpoint: Duration::from_secs(3600),
+            backoff_initial: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(60),
+            request_timeout: Duration::from_secs(30),
+            watch_idle_timeout: Duration::from_secs(120),
+            max_event_bytes: 4 << 20,
+            list_page_size: 100,
+        }
     }
 
     #[test]

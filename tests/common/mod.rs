@@ -86,7 +86,8 @@ impl Harness {
         }
         let (tx, rx) = tokio::sync::watch::channel(false);
         let sync = Sync::spawn(
-            &self.config,
+            &self.config.node_name,
+            &self.config.sync,
             client(&self.config),
             self.store.clone().expect("store"),
             rx,
