@@ -3,7 +3,8 @@
 
     report.py --json OUT.json METRICS.txt   # medians to OUT.json (key -> number), units and
                                             # ranges to OUT-detail.json, the table on stdout
-    report.py --readme NUMBERS.json         # README's table between its markers, regenerated
+    report.py --readme NUMBERS.json         # docs/numbers.md's table (every number) and README's
+                                            # (the budgeted ones) between their markers, regenerated
 
 A key printed more than once (one line per run or per sample) is reported as the median of
 its values, with the number of values and their range beside it.
@@ -142,10 +143,12 @@ def collect(path):
     }
 
 
-def table(data):
+def table(data, budgeted_only=False):
     known = [r[0] for r in ROWS]
     rows = [r for r in ROWS if r[0] in data]
     rows += [(k, k, None, "") for k in sorted(data) if k not in known]
+    if budgeted_only:
+        rows = [r for r in rows if r[2] is not None]
     out = ["| what | key | measured (median) | budget / reference | |",
            "| --- | --- | --- | --- | --- |"]
     for key, what, budget, ref in rows:
@@ -184,14 +187,17 @@ def main():
             print(f"not measured this time: {', '.join(missing)}")
     elif sys.argv[1] == "--readme":
         data = json.loads(detail(Path(sys.argv[2])).read_text())
-        readme = Path(__file__).resolve().parent.parent / "README.md"
-        text = readme.read_text()
-        if BEGIN not in text or END not in text:
-            sys.exit("README.md has no numbers markers")
-        head, rest = text.split(BEGIN, 1)
-        _, tail = rest.split(END, 1)
-        readme.write_text(f"{head}{BEGIN}\n{table(data)}\n{END}{tail}")
-        print("README.md numbers table regenerated")
+        root = Path(__file__).resolve().parent.parent
+        # every number in docs/numbers.md; the ones with a budget in the README
+        for doc, budgeted_only in (("docs/numbers.md", False), ("README.md", True)):
+            path = root / doc
+            text = path.read_text()
+            if BEGIN not in text or END not in text:
+                sys.exit(f"{doc} has no numbers markers")
+            head, rest = text.split(BEGIN, 1)
+            _, tail = rest.split(END, 1)
+            path.write_text(f"{head}{BEGIN}\n{table(data, budgeted_only)}\n{END}{tail}")
+            print(f"{doc} numbers table regenerated")
     else:
         sys.exit(__doc__)
 

@@ -7,8 +7,9 @@
 #
 #   bash benches/run.sh                 # everything (the flash window alone is about 9
 #                                       # minutes, the idle CPU minutes about 4)
-#   bash benches/run.sh --readme        # the same, then regenerate README's numbers table
-#   bash benches/run.sh --readme-only   # only regenerate README's table from numbers.json
+#   bash benches/run.sh --readme        # the same, then regenerate the numbers tables (docs/numbers.md,
+#                                       # and the budgeted rows in README.md)
+#   bash benches/run.sh --readme-only   # only regenerate them from numbers.json
 #
 # Needs root and the containerd test stack (scripts/cri-stack.sh; started when absent).
 # Knobs:

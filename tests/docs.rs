@@ -98,3 +98,79 @@ fn the_key_reader_reads_tables_and_commented_keys() {
     let t = "a = 1\n# b = \"x\"   # default\n[s]\n# A comment, not a key: x = y.\nc = []\n";
     assert_eq!(keys_in_toml(t), ["a", "b", "s.c"]);
 }
+
+/// The rows between a document's numbers markers.
+fn numbers_rows(doc: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(Path::new(ROOT).join(doc)).unwrap();
+    let start = text
+        .find("<!-- numbers:begin")
+        .unwrap_or_else(|| panic!("{doc} has its numbers markers"));
+    let end = text[start..]
+        .find("<!-- numbers:end -->")
+        .map(|e| start + e)
+        .unwrap_or_else(|| panic!("{doc} closes its numbers markers"));
+    text[start..end]
+        .lines()
+        .skip(1)
+        .filter(|l| l.starts_with("| "))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn the_readmes_numbers_are_the_budgeted_rows_of_docs_numbers() {
+    let full = numbers_rows("docs/numbers.md");
+    let readme = numbers_rows("README.md");
+    let budgeted: Vec<_> = full
+        .iter()
+        .filter(|r| r.trim_end().ends_with("| ok |") || r.trim_end().ends_with("| OVER |"))
+        .cloned()
+        .collect();
+    assert_eq!(
+        readme[2..],
+        budgeted[..],
+        "README.md's numbers table is docs/numbers.md's budgeted rows (benches/report.py \
+         writes both); regenerate with `bash benches/run.sh --readme-only`"
+    );
+}
+
+/// Every relative link in the README and in docs/ names a file that exists.
+#[test]
+fn the_documents_link_only_to_files_that_exist() {
+    let mut docs = vec![Path::new(ROOT).join("README.md")];
+    for e in std::fs::read_dir(Path::new(ROOT).join("docs")).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "md") {
+            docs.push(p);
+        }
+    }
+    let mut broken = Vec::new();
+    for doc in &docs {
+        let text = std::fs::read_to_string(doc).unwrap();
+        let dir = doc.parent().unwrap();
+        for (i, line) in text.lines().enumerate() {
+            let mut rest = line;
+            while let Some(at) = rest.find("](") {
+                let after = &rest[at + 2..];
+                let Some(close) = after.find(')') else {
+                    break;
+                };
+                let target = &after[..close];
+                rest = &after[close..];
+                if target.contains("://") || target.starts_with('#') || target.starts_with("mailto:")
+                {
+                    continue;
+                }
+                let file = target.split('#').next().unwrap_or(target);
+                if !dir.join(file).exists() {
+                    broken.push(format!(
+                        "{}:{}: {target}",
+                        doc.strip_prefix(ROOT).unwrap().display(),
+                        i + 1
+                    ));
+                }
+            }
+        }
+    }
+    assert!(broken.is_empty(), "links to nothing:\n{}", broken.join("\n"));
+}
