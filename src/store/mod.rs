@@ -119,6 +119,7 @@ impl Store {
                 .map_err(io)?;
         }
         let lock = take_lock(path)?;
+        repair_modes(path)?;
 
         match (check_and_open(path), mode) {
             (Ok(store_conn), OpenMode::Normal) => Ok(Store::new(store_conn, path, lock)),
@@ -809,6 +810,51 @@ fn take_lock(path: &Path) -> Result<File, StoreError> {
         }
     }
     Ok(file)
+}
+
+/// Makes the data dir 0700 and the database, its WAL and its shared-memory index 0600 again,
+/// before SQLite opens them. SQLite reuses a WAL or index it finds, whatever its mode, and
+/// creates new ones with the database's mode: a `-wal` left 0644 by a crash after someone
+/// with umask 022 touched the files (a `sqlite3` session, a restore) stayed world-readable
+/// while edgehub wrote the cache into it, and a data dir that was 0755 before edgehub first
+/// ran let anyone list and read the pods' directories. Taken under the lock, so no other
+/// edgehub writes meanwhile.
+fn repair_modes(path: &Path) -> Result<(), StoreError> {
+    let repair = |p: &Path, want: u32| -> Result<(), StoreError> {
+        let meta = match std::fs::symlink_metadata(p) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(source) => {
+                return Err(StoreError::Io {
+                    path: p.to_path_buf(),
+                    source,
+                })
+            }
+        };
+        let have = meta.permissions().mode() & 0o777;
+        // Only what others could read or enter: an owner-only mode stricter than ours (0500
+        // on a read-only mount) is left alone.
+        if have & 0o077 != 0 {
+            tracing::warn!(path = %p.display(), mode = format_args!("{have:o}"),
+                want = format_args!("{want:o}"), "readable by others; tightening its mode");
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(want)).map_err(
+                |source| StoreError::Io {
+                    path: p.to_path_buf(),
+                    source,
+                },
+            )?;
+        }
+        Ok(())
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        repair(dir, 0o700)?;
+    }
+    for suffix in ["", "-wal", "-shm"] {
+        let mut p = path.as_os_str().to_owned();
+        p.push(suffix);
+        repair(Path::new(&p), 0o600)?;
+    }
+    Ok(())
 }
 
 /// Checks the file's header, identity, integrity and version, then migrates it.
