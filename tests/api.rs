@@ -360,6 +360,89 @@ async fn bearer_token_guards_everything_but_health() {
     h.stop().await;
 }
 
+/// RFC 7235 and 6750: a 401 says which scheme to use, the scheme's name is case-insensitive,
+/// and an unauthenticated client learns nothing about the routes or names behind the token
+/// (no 400 for a bad name, no 405 for a wrong method, no 404 for an unknown path).
+#[tokio::test]
+async fn a_401_names_the_bearer_scheme_and_comes_before_any_name_check() {
+    let mut h = Harness::new().await;
+    h.start();
+    h.wait_converged().await;
+    let api = start_api(&h, Some("s3cret")).await;
+    let head = |method: &str, path: &str, auth: Option<&str>| {
+        let auth = auth
+            .map(|a| format!("Authorization: {a}\r\n"))
+            .unwrap_or_default();
+        format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}Connection: close\r\n\r\n")
+    };
+    let r = raw_exchange(api.addr, head("GET", "/pods", None).as_bytes()).await;
+    assert!(r.starts_with("HTTP/1.1 401"), "{r}");
+    let lower = r.to_ascii_lowercase();
+    assert!(
+        lower.contains("\r\nwww-authenticate: bearer"),
+        "the 401 names its scheme: {r}"
+    );
+    let r = raw_exchange(
+        api.addr,
+        head("GET", "/pods", Some("Bearer wrong")).as_bytes(),
+    )
+    .await;
+    assert!(r.starts_with("HTTP/1.1 401"), "{r}");
+    assert!(
+        r.to_ascii_lowercase().contains("error=\"invalid_token\""),
+        "a token that was sent and refused is named so: {r}"
+    );
+    for scheme in ["Bearer", "bearer", "BEARER", "bEaReR"] {
+        let r = raw_exchange(
+            api.addr,
+            head("GET", "/pods", Some(&format!("{scheme} s3cret"))).as_bytes(),
+        )
+        .await;
+        assert!(
+            r.starts_with("HTTP/1.1 200"),
+            "{scheme}: {}",
+            &r[..r.len().min(200)]
+        );
+    }
+    // Names, methods and paths are looked at only once the client is authenticated.
+    for (method, path, with_token) in [
+        (
+            "POST",
+            "/openyurt.io/v1/namespaces/Bad_NS/pods/p/upgrade",
+            400,
+        ),
+        (
+            "POST",
+            "/openyurt.io/v1/namespaces/vehicle/pods/UPPER/upgrade",
+            400,
+        ),
+        ("DELETE", "/pods", 405),
+        (
+            "GET",
+            "/openyurt.io/v1/namespaces/vehicle/pods/p/imagepull",
+            405,
+        ),
+        ("GET", "/no/such/route", 404),
+        ("GET", "/v1/namespaces/vehicle/pods/Bad_Name/log", 400),
+    ] {
+        let r = raw_exchange(api.addr, head(method, path, None).as_bytes()).await;
+        assert!(r.starts_with("HTTP/1.1 401"), "{method} {path}: {r}");
+        let r = raw_exchange(
+            api.addr,
+            head(method, path, Some("Bearer s3cret")).as_bytes(),
+        )
+        .await;
+        assert!(
+            r.starts_with(&format!("HTTP/1.1 {with_token}")),
+            "{method} {path} with the token: {r}"
+        );
+    }
+    // The health probes stay open, as before.
+    let r = raw_exchange(api.addr, head("GET", "/v1/healthz", None).as_bytes()).await;
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    h.stop().await;
+}
+
 async fn raw_exchange(addr: SocketAddr, bytes: &[u8]) -> String {
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     s.write_all(bytes).await.unwrap();

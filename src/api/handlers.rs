@@ -458,5 +458,6 @@ pub fn metrics(state: &ApiState) -> Reply {
         content_type: "text/plain; version=0.0.4",
         body: out.into(),
         allow: None,
+        challenge: None,
     }
 }

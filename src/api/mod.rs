@@ -8,6 +8,7 @@
 //! a header-read timeout and every request a deadline. Errors are short plain text, as
 //! OpenYurt's are.
 
+pub mod guard;
 pub mod handlers;
 pub mod listen;
 pub mod logs;
@@ -61,6 +62,8 @@ pub struct Reply {
     pub content_type: &'static str,
     pub body: Bytes,
     pub allow: Option<&'static str>,
+    /// For 401: the `WWW-Authenticate` challenge.
+    pub challenge: Option<&'static str>,
 }
 
 impl Reply {
@@ -70,6 +73,7 @@ impl Reply {
             content_type: "text/plain; charset=utf-8",
             body: Bytes::from(body.into()),
             allow: None,
+            challenge: None,
         }
     }
 
@@ -79,6 +83,7 @@ impl Reply {
             content_type: "application/json",
             body: Bytes::from(body.into()),
             allow: None,
+            challenge: None,
         }
     }
 
@@ -87,21 +92,6 @@ impl Reply {
         tracing::error!(error = %e, "{what}");
         Reply::text(500, what)
     }
-}
-
-/// Compares without an early exit, so the token cannot be guessed byte by byte from timing.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-fn authorized(state: &ApiState, req: &Request<Incoming>) -> bool {
-    let Some(token) = &state.token else {
-        return true;
-    };
-    req.headers()
-        .get(hyper::header::AUTHORIZATION)
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
-        .is_some_and(|t| constant_time_eq(t, token.as_bytes()))
 }
 
 /// What a request gets: a whole reply, or a log streamed as it is read.
@@ -148,22 +138,39 @@ fn dispatch(state: &ApiState, route: &Route, query: Option<&str>) -> Answer {
     Answer::Reply(reply)
 }
 
-/// Handles one request: route, authenticate, drain the (capped) body, dispatch, count.
+/// Handles one request: authenticate, route, drain the (capped) body, dispatch, count.
+/// Authentication comes before the router, so a client without the token learns nothing of
+/// the routes and names behind it ([`guard`]).
 pub async fn handle(state: Arc<ApiState>, req: Request<Incoming>) -> Answer {
     let method = req.method().as_str().to_string();
     let query = req.uri().query().map(str::to_string);
-    let (route_name, answer) = match router::route(&method, req.uri().path()) {
-        Err(r) => (
-            "rejected",
-            Answer::Reply(Reply {
-                allow: r.allow,
-                ..Reply::text(r.status, r.message)
-            }),
-        ),
-        Ok(route) if route.needs_auth() && !authorized(&state, &req) => (
-            route.name(),
-            Answer::Reply(Reply::text(401, "Unauthorized")),
-        ),
+    let auth = guard::authenticate(
+        state.token.as_deref().map(str::as_bytes),
+        req.headers()
+            .get(hyper::header::AUTHORIZATION)
+            .map(|v| v.as_bytes()),
+    );
+    let routed = if auth != guard::Auth::Ok && !guard::is_open_path(req.uri().path()) {
+        Err((
+            "unauthorized",
+            Reply {
+                challenge: Some(guard::challenge(auth)),
+                ..Reply::text(401, "Unauthorized")
+            },
+        ))
+    } else {
+        router::route(&method, req.uri().path()).map_err(|r| {
+            (
+                "rejected",
+                Reply {
+                    allow: r.allow,
+                    ..Reply::text(r.status, r.message)
+                },
+            )
+        })
+    };
+    let (route_name, answer) = match routed {
+        Err((name, reply)) => (name, Answer::Reply(reply)),
         Ok(route) => {
             let body = Limited::new(req.into_body(), MAX_BODY);
             let reply = |r| (route.name(), Answer::Reply(r));
@@ -226,6 +233,12 @@ fn to_response(answer: Answer) -> Response<ResponseBody> {
         resp.headers_mut().insert(
             hyper::header::ALLOW,
             hyper::header::HeaderValue::from_static(allow),
+        );
+    }
+    if let Some(c) = reply.challenge {
+        resp.headers_mut().insert(
+            hyper::header::WWW_AUTHENTICATE,
+            hyper::header::HeaderValue::from_static(c),
         );
     }
     resp
@@ -328,18 +341,5 @@ async fn accept(l: &Listener) -> std::io::Result<Conn> {
     match l {
         Listener::Tcp(t) => t.accept().await.map(|(s, _)| Conn::Tcp(s)),
         Listener::Unix(u) => u.accept().await.map(|(s, _)| Conn::Unix(s)),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn token_comparison() {
-        assert!(constant_time_eq(b"abc", b"abc"));
-        assert!(!constant_time_eq(b"abc", b"abd"));
-        assert!(!constant_time_eq(b"abc", b"ab"));
-        assert!(constant_time_eq(b"", b""));
     }
 }
