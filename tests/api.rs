@@ -360,6 +360,110 @@ async fn bearer_token_guards_everything_but_health() {
     h.stop().await;
 }
 
+/// What a web page in a browser on the device sends, over plain HTTP: a cross-origin POST (a
+/// CORS "simple request", which a browser sends without asking first), and the reads of a
+/// page whose host name was re-pointed at 127.0.0.1 (DNS rebinding: same-origin to the
+/// browser, so no `Origin`, but its own name in `Host`). Each gets a 403 that says why and
+/// records nothing, with or without a token configured; the OTA manager's requests (curl, or
+/// edgehub's CLI) are served as before.
+#[tokio::test]
+async fn web_pages_and_foreign_hosts_get_a_403_that_says_why() {
+    let mut h = Harness::new().await;
+    roll_telemetry(&h);
+    h.start();
+    h.wait_converged().await;
+    for token in [None, Some("s3cret")] {
+        let api = start_api(&h, token).await;
+        let port = api.addr.port();
+        let auth = token
+            .map(|t| format!("Authorization: Bearer {t}\r\n"))
+            .unwrap_or_default();
+        let upgrade = "/openyurt.io/v1/namespaces/vehicle/pods/telemetry-sv74m/upgrade";
+        let req = |method: &str, path: &str, headers: &str| {
+            format!("{method} {path} HTTP/1.1\r\n{headers}{auth}Content-Length: 0\r\nConnection: close\r\n\r\n")
+        };
+        let refused: Vec<(String, &str)> = vec![
+            // The cross-origin POSTs a page can make, as Chromium sends them.
+            (
+                req("POST", upgrade, &format!("Host: 127.0.0.1:{port}\r\nOrigin: http://127.0.0.2:8000\r\nSec-Fetch-Site: cross-site\r\nContent-Type: text/plain\r\n")),
+                "requests from web pages are refused",
+            ),
+            (
+                req("POST", &upgrade.replace("upgrade", "imagepull"), &format!("Host: localhost:{port}\r\nOrigin: null\r\n")),
+                "requests from web pages are refused",
+            ),
+            // A cross-site GET without Origin (an <img src>): its Sec-Fetch-Site gives it away.
+            (
+                req("GET", "/pods", &format!("Host: 127.0.0.1:{port}\r\nSec-Fetch-Site: cross-site\r\n")),
+                "requests from web pages are refused",
+            ),
+            // DNS rebinding: the page's own name in Host.
+            (
+                req("GET", "/pods", &format!("Host: attacker.example:{port}\r\n")),
+                "Host header must name a loopback address or localhost",
+            ),
+            (
+                req("GET", "/v1/status", &format!("Host: 127.0.0.1.nip.io:{port}\r\n")),
+                "Host header must name a loopback address or localhost",
+            ),
+            (
+                req("POST", upgrade, &format!("Host: attacker.example:{port}\r\n")),
+                "Host header must name a loopback address or localhost",
+            ),
+            // No Host at all (HTTP/1.0 allows it; no browser sends it).
+            (
+                format!("GET /pods HTTP/1.0\r\n{auth}\r\n"),
+                "Host header must name a loopback address or localhost",
+            ),
+        ];
+        for (raw, why) in &refused {
+            let r = raw_exchange(api.addr, raw.as_bytes()).await;
+            assert!(
+                r.starts_with("HTTP/1") && r[9..].starts_with("403"),
+                "{raw}\n=> {r}"
+            );
+            assert!(r.contains(why), "{raw}\n=> {r}");
+            assert!(!r.contains("PodList") && !r.contains("telemetry"), "{r}");
+        }
+        // Nothing was recorded.
+        let c = LocalClient {
+            addr: api.addr,
+            token: token.map(str::to_string),
+            timeout: Duration::from_secs(10),
+        };
+        let a = tokio::task::spawn_blocking(move || c.get(upgrade))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(a.status, 404, "no upgrade was requested: {}", a.body);
+        // Loopback names and addresses, as the OTA manager writes them, are served.
+        for host in [
+            format!("127.0.0.1:{port}"),
+            format!("localhost:{port}"),
+            "LOCALHOST".to_string(),
+            "127.0.0.1".to_string(),
+            format!("[::1]:{port}"),
+        ] {
+            let r = raw_exchange(
+                api.addr,
+                req(
+                    "GET",
+                    "/pods",
+                    &format!("Host: {host}\r\nSec-Fetch-Site: none\r\n"),
+                )
+                .as_bytes(),
+            )
+            .await;
+            assert!(
+                r.starts_with("HTTP/1.1 200"),
+                "{host}: {}",
+                &r[..r.len().min(300)]
+            );
+        }
+    }
+    h.stop().await;
+}
+
 /// RFC 7235 and 6750: a 401 says which scheme to use, the scheme's name is case-insensitive,
 /// and an unauthenticated client learns nothing about the routes or names behind the token
 /// (no 400 for a bad name, no 405 for a wrong method, no 404 for an unknown path).
@@ -460,14 +564,14 @@ async fn hostile_requests_get_short_errors() {
 
     let r = raw_exchange(
         api.addr,
-        b"DELETE /pods HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        b"DELETE /pods HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
     )
     .await;
     assert!(r.starts_with("HTTP/1.1 405"), "{r}");
     assert!(r.to_ascii_lowercase().contains("allow: get"), "{r}");
 
     let big_header = format!(
-        "GET /pods HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+        "GET /pods HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: {}\r\n\r\n",
         "a".repeat(40_000)
     );
     let r = raw_exchange(api.addr, big_header.as_bytes()).await;
@@ -475,14 +579,14 @@ async fn hostile_requests_get_short_errors() {
 
     let body = "x".repeat(100_000);
     let req = format!(
-        "POST /openyurt.io/v1/namespaces/vehicle/pods/telemetry-sv74m/upgrade HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "POST /openyurt.io/v1/namespaces/vehicle/pods/telemetry-sv74m/upgrade HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     let r = raw_exchange(api.addr, req.as_bytes()).await;
     assert!(r.starts_with("HTTP/1.1 413"), "{r}");
 
     let long = format!(
-        "GET /{} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        "GET /{} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
         "p".repeat(3000)
     );
     let r = raw_exchange(api.addr, long.as_bytes()).await;
@@ -493,7 +597,7 @@ async fn hostile_requests_get_short_errors() {
 
     // A client that never finishes its request head is cut off by the header timeout.
     let start = std::time::Instant::now();
-    let r = raw_exchange(api.addr, b"GET /pods HTTP/1.1\r\nHost: x\r\n").await;
+    let r = raw_exchange(api.addr, b"GET /pods HTTP/1.1\r\nHost: 127.0.0.1\r\n").await;
     assert!(
         start.elapsed() < Duration::from_secs(8),
         "connection closed by the server"
@@ -732,5 +836,170 @@ async fn a_hung_runtime_gets_a_503_that_names_it_and_records_nothing() {
     let a = call(addr, "GET", path).await;
     assert_eq!(a.status, 404, "nothing was recorded: {}", a.body);
     hung.abort();
+    h.stop().await;
+}
+
+/// The headless browser the web-page test drives (Debian's `chromium`, which
+/// `scripts/setup.sh test` installs). Without it the test fails: it never skips.
+fn chromium() -> std::path::PathBuf {
+    let names = ["chromium", "chromium-browser", "google-chrome"];
+    let found = std::env::var_os("EDGEHUB_CHROMIUM")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            let path = std::env::var_os("PATH").unwrap_or_default();
+            std::env::split_paths(&path)
+                .flat_map(|d| names.iter().map(move |n| d.join(n)))
+                .find(|p| p.is_file())
+        });
+    found.unwrap_or_else(|| {
+        panic!(
+            "this test drives a real headless browser and found none ({} on PATH, or \
+             EDGEHUB_CHROMIUM): run `bash scripts/setup.sh test`, which installs Debian's chromium",
+            names.join(", ")
+        )
+    })
+}
+
+/// A web server on another loopback origin (127.0.0.2): the hostile page. Serves `page` at
+/// `/`, and records the paths the page reports back to.
+async fn hostile_site(page: String) -> (SocketAddr, Arc<std::sync::Mutex<Vec<String>>>) {
+    let l = tokio::net::TcpListener::bind("127.0.0.2:0")
+        .await
+        .expect("127.0.0.2 is a loopback address on Linux");
+    let addr = l.local_addr().unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let (page, log) = (page.clone(), log.clone());
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 8192];
+                let mut n = 0;
+                while !buf[..n].windows(4).any(|w| w == b"\r\n\r\n") && n < buf.len() {
+                    match s.read(&mut buf[n..]).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(k) => n += k,
+                    }
+                }
+                let head = String::from_utf8_lossy(&buf[..n]).to_string();
+                let path = head.split(' ').nth(1).unwrap_or("").to_string();
+                log.lock().unwrap().push(path.clone());
+                let (ctype, body) = if path == "/" {
+                    ("text/html", page)
+                } else {
+                    ("text/plain", "ok".to_string())
+                };
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = s.write_all(resp.as_bytes()).await;
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// A real browser on the device, on a page of another loopback origin, tries what a hostile
+/// page would: a cross-origin `POST .../upgrade` and `.../imagepull` (CORS simple requests,
+/// which a browser sends without a preflight; the page cannot read the answer, but the
+/// upgrade would start), then the read a DNS-rebinding page gets: the page's own host name,
+/// re-pointed at 127.0.0.1 (here by the browser's resolver rules), loaded as a top-level page
+/// (same-origin to the browser: no `Origin`, the page's name in `Host`), whose text the
+/// rebound page's script could read. edgehub serves neither: the requests reach it and get a
+/// 403, no upgrade or pre-pull is recorded, and the rebound page shows the 403, not the pods.
+#[tokio::test]
+async fn a_web_page_in_a_real_browser_can_neither_start_an_upgrade_nor_read_the_pods() {
+    let browser = chromium();
+    let mut h = Harness::new().await;
+    roll_telemetry(&h);
+    h.start();
+    h.wait_converged().await;
+    let api = start_api(&h, None).await;
+    let port = api.addr.port();
+    let pod = "/openyurt.io/v1/namespaces/vehicle/pods/telemetry-sv74m";
+    let page = format!(
+        r#"<!doctype html><title>hostile</title><script>
+(async () => {{
+  const api = "http://127.0.0.1:{port}{pod}";
+  const out = [];
+  for (const action of ["upgrade", "imagepull"]) {{
+    try {{
+      await fetch(api + "/" + action, {{method: "POST", mode: "no-cors", body: "x"}});
+      out.push(action + "-sent");
+    }} catch (e) {{
+      out.push(action + "-failed");
+    }}
+  }}
+  await fetch("/done?" + out.join(","));
+  location.href = "http://rebind.test:{port}/pods";
+}})();
+</script>"#
+    );
+    let (site, seen) = hostile_site(page).await;
+    let profile = tempfile::tempdir().unwrap();
+    let run = tokio::process::Command::new(&browser)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-extensions",
+            "--disable-features=HttpsUpgrades",
+            "--host-resolver-rules=MAP rebind.test 127.0.0.1",
+            "--virtual-time-budget=10000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .arg("--dump-dom")
+        .arg(format!("http://{site}/"))
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("chromium finishes within 60 s")
+        .expect("chromium runs");
+    let dom = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    // The page ran: it reported that both POSTs were sent (a no-cors fetch settles once the
+    // answer came, whatever it was).
+    let seen = seen.lock().unwrap().clone();
+    assert!(
+        seen.iter()
+            .any(|p| p == "/done?upgrade-sent,imagepull-sent"),
+        "the hostile page ran and sent both POSTs: {seen:?}\n{stderr}"
+    );
+    // The rebound page is edgehub's refusal, not the pod list.
+    assert!(
+        dom.contains("Host header must name a loopback address or localhost"),
+        "the rebound page: {}\n{stderr}",
+        &dom[..dom.len().min(600)]
+    );
+    assert!(
+        !dom.contains("PodList") && !dom.contains("telemetry-sv74m"),
+        "{}",
+        &dom[..dom.len().min(600)]
+    );
+    // The requests reached edgehub and were refused, and nothing was recorded.
+    let m = call(api.addr, "GET", "/metrics").await.body;
+    let refused: u64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix("edgehub_api_requests_total{route=\"refused\",code=\"403\"} "))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    // Two POSTs and the rebound page (and the browser's request for its favicon).
+    assert!(
+        refused >= 3,
+        "the requests reached edgehub and were refused: {m}"
+    );
+    let a = call(api.addr, "GET", &format!("{pod}/upgrade")).await;
+    assert_eq!(a.status, 404, "no upgrade recorded: {}", a.body);
+    assert!(
+        h.store().active_requests().unwrap().is_empty(),
+        "no upgrade or pre-pull was requested"
+    );
     h.stop().await;
 }

@@ -138,19 +138,35 @@ fn dispatch(state: &ApiState, route: &Route, query: Option<&str>) -> Answer {
     Answer::Reply(reply)
 }
 
-/// Handles one request: authenticate, route, drain the (capped) body, dispatch, count.
-/// Authentication comes before the router, so a client without the token learns nothing of
-/// the routes and names behind it ([`guard`]).
-pub async fn handle(state: Arc<ApiState>, req: Request<Incoming>) -> Answer {
+/// Handles one request: refuse web pages and foreign hosts, authenticate, route, drain the
+/// (capped) body, dispatch, count. Both checks come before the router, so a page or a client
+/// without the token learns nothing of the routes and names behind them ([`guard`]).
+pub async fn handle(state: Arc<ApiState>, req: Request<Incoming>, via: guard::Via) -> Answer {
     let method = req.method().as_str().to_string();
     let query = req.uri().query().map(str::to_string);
+    let headers = req.headers();
+    let one = |name: hyper::header::HeaderName| {
+        let mut all = headers.get_all(name).iter();
+        match (all.next(), all.next()) {
+            (Some(v), None) => Some(v.as_bytes()),
+            _ => None,
+        }
+    };
+    let admitted = guard::check_origin_and_host(
+        headers.get(hyper::header::ORIGIN).map(|v| v.as_bytes()),
+        headers.get("sec-fetch-site").map(|v| v.as_bytes()),
+        one(hyper::header::HOST),
+        via,
+    );
     let auth = guard::authenticate(
         state.token.as_deref().map(str::as_bytes),
         req.headers()
             .get(hyper::header::AUTHORIZATION)
             .map(|v| v.as_bytes()),
     );
-    let routed = if auth != guard::Auth::Ok && !guard::is_open_path(req.uri().path()) {
+    let routed = if let Err(r) = admitted {
+        Err(("refused", Reply::text(r.status, r.message)))
+    } else if auth != guard::Auth::Ok && !guard::is_open_path(req.uri().path()) {
         Err((
             "unauthorized",
             Reply {
@@ -272,13 +288,13 @@ fn log_response(stream: logs::LogStream) -> Response<ResponseBody> {
 }
 
 /// Serves one connection.
-async fn serve_connection<IO>(io: IO, state: Arc<ApiState>)
+async fn serve_connection<IO>(io: IO, state: Arc<ApiState>, via: guard::Via)
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let svc = hyper::service::service_fn(move |req| {
         let state = state.clone();
-        async move { Ok::<_, std::convert::Infallible>(to_response(handle(state, req).await)) }
+        async move { Ok::<_, std::convert::Infallible>(to_response(handle(state, req, via).await)) }
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
@@ -312,14 +328,18 @@ pub async fn serve(listener: Listener, state: Arc<ApiState>, mut shutdown: watch
         match accepted {
             Ok(Conn::Tcp(s)) => {
                 let _ = s.set_nodelay(true);
+                let Ok(local) = s.local_addr() else {
+                    continue; // Gone before it was served.
+                };
+                let via = guard::Via::Tcp { local: local.ip() };
                 tokio::spawn(async move {
-                    serve_connection(s, state).await;
+                    serve_connection(s, state, via).await;
                     drop(permit);
                 });
             }
             Ok(Conn::Unix(s)) => {
                 tokio::spawn(async move {
-                    serve_connection(s, state).await;
+                    serve_connection(s, state, guard::Via::Unix).await;
                     drop(permit);
                 });
             }
