@@ -318,6 +318,7 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
         node_name: config.node_name.clone(),
         cri: cri_health,
         runtime: Some(CriClient::new(&config.cri_socket)),
+        streams: Default::default(),
     });
     let mut servers = Vec::new();
     for l in listeners {

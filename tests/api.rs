@@ -44,6 +44,7 @@ async fn start_api_with(
         node_name: "edge-1".into(),
         cri,
         runtime: None,
+        streams: Default::default(),
     });
     let (tx, rx) = tokio::sync::watch::channel(false);
     tokio::spawn(api::serve(Listener::Tcp(tcp), state, rx));
@@ -464,6 +465,150 @@ async fn web_pages_and_foreign_hosts_get_a_403_that_says_why() {
     h.stop().await;
 }
 
+/// Writes a log file for the telemetry pod's `app` container, as containerd would.
+fn telemetry_log(h: &Harness) {
+    let uid = h
+        .store()
+        .get(Kind::Pod, "vehicle", "telemetry-sv74m")
+        .unwrap()
+        .unwrap()
+        .index
+        .uid;
+    let dir = edgehub::logs::pod_log_dir(&h.config.data_dir, &uid).unwrap();
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("app_0.log"),
+        "2026-01-01T00:00:00.000000000Z stdout F hello\n",
+    )
+    .unwrap();
+}
+
+/// Sends a request and reads the response head (and what of the body came with it).
+async fn open_exchange(addr: SocketAddr, req: &str) -> (tokio::net::TcpStream, String) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let mut n = 0;
+    while !buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut buf[n..]).await {
+            Ok(0) | Err(_) => break,
+            Ok(k) => n += k,
+        }
+    }
+    (s, String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+/// `edgehub logs -f` holds its connection for as long as the container writes. 65 followers
+/// (a buggy dashboard, a hostile local process) used to take all 64 connections, and the OTA
+/// manager's upgrade request waited in the kernel's queue for as long as they stayed. Now
+/// followers have a budget of their own: those beyond it get a 429 at once, the connections
+/// stay free for short requests, and the upgrade request is answered while the followers run.
+/// A follower whose log stays quiet for the idle limit is ended.
+#[tokio::test]
+async fn sixty_five_log_followers_leave_room_for_the_ota_manager() {
+    let mut h = Harness::new().await;
+    roll_telemetry(&h);
+    h.start();
+    h.wait_converged().await;
+    telemetry_log(&h);
+    let api = start_api(&h, None).await;
+    let follow = "GET /v1/namespaces/vehicle/pods/telemetry-sv74m/log?follow=true HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+    let mut opening = Vec::new();
+    for _ in 0..65 {
+        let addr = api.addr;
+        opening.push(tokio::spawn(async move {
+            tokio::time::timeout(Duration::from_secs(10), open_exchange(addr, follow)).await
+        }));
+    }
+    let mut streams = Vec::new();
+    let (mut following, mut refused, mut unanswered) = (0, 0, 0);
+    for o in opening {
+        match o.await.unwrap() {
+            Ok((s, head)) if head.starts_with("HTTP/1.1 200") => {
+                following += 1;
+                streams.push(s);
+            }
+            Ok((_, head)) if head.starts_with("HTTP/1.1 429") => {
+                assert!(head.contains("log streams are followed at once"), "{head}");
+                refused += 1;
+            }
+            Ok((_, head)) => panic!("a follower got {head}"),
+            Err(_) => unanswered += 1,
+        }
+    }
+    assert_eq!(
+        unanswered, 0,
+        "every follower got an answer ({following} following)"
+    );
+    assert_eq!(
+        (following, refused),
+        (api::MAX_FOLLOWERS, 65 - api::MAX_FOLLOWERS),
+        "followers beyond their budget are refused at once"
+    );
+    // With every follower still streaming, the OTA manager is served.
+    let c = LocalClient {
+        addr: api.addr,
+        token: None,
+        timeout: Duration::from_secs(5),
+    };
+    let a = tokio::task::spawn_blocking(move || {
+        c.post("/openyurt.io/v1/namespaces/vehicle/pods/telemetry-sv74m/upgrade")
+    })
+    .await
+    .unwrap()
+    .expect("the upgrade request is answered while 65 followers are connected");
+    assert_eq!(a.status, 200, "{}", a.body);
+    // A follower that ends frees its place for the next.
+    drop(streams.pop());
+    let addr = api.addr;
+    // (The server notices the closed connection at its next poll of the log.)
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (s, head) = open_exchange(addr, follow).await;
+        if head.starts_with("HTTP/1.1 200") {
+            streams.push(s);
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a new follower is let in once one left: {head}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(streams);
+
+    // The idle limit: a follower of a log nobody writes to is ended.
+    let mut quick = h.config.clone();
+    quick.api_addr = "127.0.0.1:0".parse().unwrap();
+    let Listener::Tcp(tcp) = listen::bind(&quick).await.unwrap().remove(0) else {
+        panic!("tcp first")
+    };
+    let addr = tcp.local_addr().unwrap();
+    let state = Arc::new(ApiState {
+        store: h.store.clone().unwrap(),
+        link: h.sync().link.clone(),
+        sync_stats: vec![],
+        metrics: Default::default(),
+        token: None,
+        node_name: "edge-1".into(),
+        cri: ready_runtime(),
+        runtime: None,
+        streams: api::Streams::new(api::MAX_FOLLOWERS, Duration::from_millis(500)),
+    });
+    let (_stop, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(api::serve(Listener::Tcp(tcp), state, rx));
+    let (mut s, head) = open_exchange(addr, follow).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut rest))
+        .await
+        .expect("the idle follower is ended")
+        .unwrap();
+    let whole = head + &String::from_utf8_lossy(&rest);
+    assert!(whole.contains("hello"), "{whole}");
+    h.stop().await;
+}
+
 /// RFC 7235 and 6750: a 401 says which scheme to use, the scheme's name is case-insensitive,
 /// and an unauthenticated client learns nothing about the routes or names behind the token
 /// (no 400 for a bad name, no 405 for a wrong method, no 404 for an unknown path).
@@ -636,6 +781,7 @@ async fn unix_socket_with_mode() {
         node_name: "edge-1".into(),
         cri: ready_runtime(),
         runtime: None,
+        streams: Default::default(),
     });
     let (_tx, rx) = tokio::sync::watch::channel(false);
     for l in ls {
@@ -813,6 +959,7 @@ async fn a_hung_runtime_gets_a_503_that_names_it_and_records_nothing() {
         node_name: "edge-1".into(),
         cri: ready_runtime(),
         runtime: Some(edgehub::cri::CriClient::new(&sock)),
+        streams: Default::default(),
     });
     let (_stop, rx) = tokio::sync::watch::channel(false);
     tokio::spawn(api::serve(Listener::Tcp(tcp), state, rx));

@@ -36,8 +36,42 @@ pub const MAX_BODY: usize = 64 << 10;
 pub const MAX_HEAD: usize = 16 << 10;
 /// Connections served at once; more wait in the kernel's accept queue.
 pub const MAX_CONNECTIONS: usize = 64;
+/// Logs followed at once (`edgehub logs -f`). A follower holds its connection for as long as
+/// the container writes, so followers are counted apart from [`MAX_CONNECTIONS`]: a follower
+/// gives its connection's place back once its stream starts, and those beyond this many get a
+/// 429 at once. 65 followers used to take all 64 connections, and the OTA manager's upgrade
+/// request waited in the accept queue for as long as they stayed.
+pub const MAX_FOLLOWERS: usize = 16;
+/// A follower whose log has had nothing new for this long is ended (a quiet container, or a
+/// client that forgot it), so followers cannot hold their places forever.
+pub const FOLLOW_IDLE: Duration = Duration::from_secs(300);
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The budget of long-lived log streams ([`MAX_FOLLOWERS`], [`FOLLOW_IDLE`]), shared by every
+/// listener.
+#[derive(Debug, Clone)]
+pub struct Streams {
+    followers: Arc<Semaphore>,
+    max: usize,
+    pub idle: Duration,
+}
+
+impl Streams {
+    pub fn new(max: usize, idle: Duration) -> Streams {
+        Streams {
+            followers: Arc::new(Semaphore::new(max)),
+            max,
+            idle,
+        }
+    }
+}
+
+impl Default for Streams {
+    fn default() -> Streams {
+        Streams::new(MAX_FOLLOWERS, FOLLOW_IDLE)
+    }
+}
 
 /// What the handlers share.
 pub struct ApiState {
@@ -53,6 +87,8 @@ pub struct ApiState {
     /// The container runtime itself, to check that an upgrade's images are on the node
     /// before accepting it offline; `None` skips the check.
     pub runtime: Option<crate::cri::CriClient>,
+    /// Followed logs, counted apart from connections.
+    pub streams: Streams,
 }
 
 /// A response before it becomes HTTP.
@@ -98,7 +134,8 @@ impl Reply {
 #[derive(Debug)]
 pub enum Answer {
     Reply(Reply),
-    Logs(logs::LogStream),
+    /// Boxed: a stream is several times the size of a reply, and most answers are replies.
+    Logs(Box<logs::LogStream>),
 }
 
 impl Answer {
@@ -130,7 +167,21 @@ fn dispatch(state: &ApiState, route: &Route, query: Option<&str>) -> Answer {
         Route::Metrics => handlers::metrics(state),
         Route::Logs { namespace, name } => {
             return match logs::open(state, namespace, name, query) {
-                Ok(stream) => Answer::Logs(stream),
+                Ok(stream) if !stream.follows() => Answer::Logs(Box::new(stream)),
+                Ok(mut stream) => match state.streams.followers.clone().try_acquire_owned() {
+                    Ok(permit) => {
+                        stream.hold(permit, state.streams.idle);
+                        Answer::Logs(Box::new(stream))
+                    }
+                    Err(_) => Answer::Reply(Reply::text(
+                        429,
+                        format!(
+                            "Too many log streams are followed at once (at most {}); try again \
+                             when one ends, or read the log without following it",
+                            state.streams.max
+                        ),
+                    )),
+                },
                 Err(reply) => Answer::Reply(reply),
             }
         }
@@ -236,7 +287,7 @@ pub type ResponseBody = Either<Full<Bytes>, logs::LogBody>;
 fn to_response(answer: Answer) -> Response<ResponseBody> {
     let reply = match answer {
         Answer::Reply(r) => r,
-        Answer::Logs(stream) => return log_response(stream),
+        Answer::Logs(stream) => return log_response(*stream),
     };
     let mut resp = Response::new(Either::Left(Full::new(reply.body)));
     *resp.status_mut() = hyper::StatusCode::from_u16(reply.status)
@@ -269,8 +320,14 @@ pub const CONTAINERS_HEADER: &str = "edgehub-containers";
 fn log_response(stream: logs::LogStream) -> Response<ResponseBody> {
     use hyper::header::HeaderValue;
     let choice = stream.choice.clone();
+    let follows = stream.follows();
     let mut resp = Response::new(Either::Right(stream.into_body()));
     let h = resp.headers_mut();
+    if follows {
+        // The connection gave its place back when the stream started (see
+        // `serve_connection`): it must not carry more requests afterwards.
+        h.insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
+    }
     h.insert(
         hyper::header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
@@ -287,14 +344,25 @@ fn log_response(stream: logs::LogStream) -> Response<ResponseBody> {
     resp
 }
 
+/// A connection's place among [`MAX_CONNECTIONS`], held until it closes or its request
+/// becomes a followed log (which counts among [`MAX_FOLLOWERS`] instead).
+type Slot = Arc<std::sync::Mutex<Option<tokio::sync::OwnedSemaphorePermit>>>;
+
 /// Serves one connection.
-async fn serve_connection<IO>(io: IO, state: Arc<ApiState>, via: guard::Via)
+async fn serve_connection<IO>(io: IO, state: Arc<ApiState>, via: guard::Via, slot: Slot)
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let svc = hyper::service::service_fn(move |req| {
-        let state = state.clone();
-        async move { Ok::<_, std::convert::Infallible>(to_response(handle(state, req, via).await)) }
+        let (state, slot) = (state.clone(), slot.clone());
+        async move {
+            let answer = handle(state, req, via).await;
+            if matches!(&answer, Answer::Logs(s) if s.follows()) {
+                // Poisoned only if a thread panicked holding it; the slot is still a slot.
+                drop(slot.lock().unwrap_or_else(|p| p.into_inner()).take());
+            }
+            Ok::<_, std::convert::Infallible>(to_response(answer))
+        }
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
@@ -320,6 +388,7 @@ pub async fn serve(listener: Listener, state: Arc<ApiState>, mut shutdown: watch
             p = limit.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
             _ = shutdown.changed() => return,
         };
+        let slot: Slot = Arc::new(std::sync::Mutex::new(Some(permit)));
         let state = state.clone();
         let accepted = tokio::select! {
             a = accept(&listener) => a,
@@ -332,16 +401,10 @@ pub async fn serve(listener: Listener, state: Arc<ApiState>, mut shutdown: watch
                     continue; // Gone before it was served.
                 };
                 let via = guard::Via::Tcp { local: local.ip() };
-                tokio::spawn(async move {
-                    serve_connection(s, state, via).await;
-                    drop(permit);
-                });
+                tokio::spawn(serve_connection(s, state, via, slot));
             }
             Ok(Conn::Unix(s)) => {
-                tokio::spawn(async move {
-                    serve_connection(s, state, guard::Via::Unix).await;
-                    drop(permit);
-                });
+                tokio::spawn(serve_connection(s, state, guard::Via::Unix, slot));
             }
             Err(e) => {
                 // Out of file descriptors and the like: pause instead of spinning.

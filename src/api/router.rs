@@ -94,7 +94,7 @@ pub const ROUTES: &[(&str, &str, &[u16])] = &[
     (
         "/v1/namespaces/{ns}/pods/{name}/log",
         "GET",
-        &[200, 400, 401, 404, 500],
+        &[200, 400, 401, 404, 429, 500],
     ),
     ("/v1/status", "GET", &[200, 401, 500]),
     ("/v1/healthz", "GET", &[200]),
