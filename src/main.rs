@@ -33,7 +33,7 @@ struct Cli {
     /// Kubeconfig with the node's credentials.
     #[arg(long, global = true)]
     kubeconfig: Option<PathBuf>,
-    /// Local API address (IP:port).
+    /// Local API address (IP:port), or `none` for the unix socket alone.
     #[arg(long, global = true)]
     api_addr: Option<String>,
     /// CRI socket path.
@@ -195,7 +195,13 @@ fn check_config(cli: &Cli) -> anyhow::Result<()> {
     println!("node_name   = {}", config.node_name);
     println!("data_dir    = {}", config.data_dir.display());
     println!("kubeconfig  = {}", config.kubeconfig.display());
-    println!("api_addr    = {}", config.api_addr);
+    match config.api_addr {
+        Some(a) => println!("api_addr    = {a}"),
+        None => println!("api_addr    = none (the unix socket alone)"),
+    }
+    if let Some(p) = &config.api.socket {
+        println!("api.socket  = {}", p.display());
+    }
     println!("cri_socket  = {}", config.cri_socket.display());
     let client = api_client(&config)?;
     println!("apiserver   = {}", client.server());
@@ -328,7 +334,7 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
             shutdown_rx.clone(),
         )));
     }
-    tracing::info!(addr = %config.api_addr, socket = ?config.api.socket, "local API serving");
+    tracing::info!(addr = ?config.api_addr, socket = ?config.api.socket, "local API serving");
     sync.start(shutdown_rx.clone());
     let node_task = tokio::spawn(agent.run(sync.link.clone(), shutdown_rx.clone()));
     edgehub::notify::notify("READY=1");
@@ -449,11 +455,11 @@ fn controller(cli: &Cli, args: &ControllerArgs) -> anyhow::Result<()> {
 /// A client for this node's local API, from the same configuration `edgehub run` uses.
 fn local_client(cli: &Cli) -> anyhow::Result<LocalClient> {
     let config = load_config(cli)?;
-    Ok(LocalClient {
-        addr: config.api_addr,
-        token: listen::read_token(&config)?,
-        timeout: std::time::Duration::from_secs(30),
-    })
+    Ok(LocalClient::for_config(
+        &config,
+        listen::read_token(&config)?,
+        std::time::Duration::from_secs(30),
+    ))
 }
 
 fn pods(cli: &Cli) -> anyhow::Result<()> {

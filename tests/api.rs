@@ -5,7 +5,7 @@ mod common;
 
 use common::{wait_until, Harness};
 use edgehub::api::{self, listen, ApiState, Listener};
-use edgehub::local_client::{Answer, LocalClient};
+use edgehub::local_client::{Answer, LocalClient, Target};
 use edgehub::object::Kind;
 use edgehub_testsupport::fixture_body;
 use serde_json::{json, Value};
@@ -29,7 +29,7 @@ async fn start_api_with(
     cri: tokio::sync::watch::Receiver<edgehub::cri::CriHealth>,
 ) -> Api {
     let mut cfg = h.config.clone();
-    cfg.api_addr = "127.0.0.1:0".parse().unwrap();
+    cfg.api_addr = Some("127.0.0.1:0".parse().unwrap());
     let mut ls = listen::bind(&cfg).await.unwrap();
     let Listener::Tcp(tcp) = ls.remove(0) else {
         panic!("tcp first")
@@ -54,7 +54,7 @@ async fn start_api_with(
 /// A request through edgehub's own CLI client (blocking, so off the async workers).
 async fn call(addr: SocketAddr, method: &'static str, path: &str) -> Answer {
     let c = LocalClient {
-        addr,
+        target: Target::Tcp(addr),
         token: None,
         timeout: Duration::from_secs(10),
     };
@@ -339,7 +339,7 @@ async fn bearer_token_guards_everything_but_health() {
     assert_eq!(call(api.addr, "GET", "/v1/healthz").await.status, 200);
     assert_eq!(call(api.addr, "GET", "/v1/readyz").await.status, 200);
     let c = LocalClient {
-        addr: api.addr,
+        target: Target::Tcp(api.addr),
         token: Some("s3cret".into()),
         timeout: Duration::from_secs(5),
     };
@@ -349,7 +349,7 @@ async fn bearer_token_guards_everything_but_health() {
         .unwrap();
     assert_eq!(a.status, 200);
     let c = LocalClient {
-        addr: api.addr,
+        target: Target::Tcp(api.addr),
         token: Some("s3cre".into()),
         timeout: Duration::from_secs(5),
     };
@@ -428,7 +428,7 @@ async fn web_pages_and_foreign_hosts_get_a_403_that_says_why() {
         }
         // Nothing was recorded.
         let c = LocalClient {
-            addr: api.addr,
+            target: Target::Tcp(api.addr),
             token: token.map(str::to_string),
             timeout: Duration::from_secs(10),
         };
@@ -547,7 +547,7 @@ async fn sixty_five_log_followers_leave_room_for_the_ota_manager() {
     );
     // With every follower still streaming, the OTA manager is served.
     let c = LocalClient {
-        addr: api.addr,
+        target: Target::Tcp(api.addr),
         token: None,
         timeout: Duration::from_secs(5),
     };
@@ -579,7 +579,7 @@ async fn sixty_five_log_followers_leave_room_for_the_ota_manager() {
 
     // The idle limit: a follower of a log nobody writes to is ended.
     let mut quick = h.config.clone();
-    quick.api_addr = "127.0.0.1:0".parse().unwrap();
+    quick.api_addr = Some("127.0.0.1:0".parse().unwrap());
     let Listener::Tcp(tcp) = listen::bind(&quick).await.unwrap().remove(0) else {
         panic!("tcp first")
     };
@@ -762,7 +762,7 @@ async fn unix_socket_with_mode() {
     h.wait_converged().await;
     let sock = h.dir.path().join("run/api.sock");
     let mut cfg = h.config.clone();
-    cfg.api_addr = "127.0.0.1:0".parse().unwrap();
+    cfg.api_addr = Some("127.0.0.1:0".parse().unwrap());
     cfg.api.socket = Some(sock.clone());
     cfg.api.socket_mode = 0o600;
     cfg.api.socket_group = Some("root".into());
@@ -803,6 +803,73 @@ async fn unix_socket_with_mode() {
     std::fs::write(&file, "x").unwrap();
     cfg.api.socket = Some(file);
     assert!(listen::bind(&cfg).await.is_err());
+    h.stop().await;
+}
+
+/// The unix socket is only a boundary when TCP is off: with `api_addr = "none"` the API is
+/// on the socket alone (its mode and group decide who talks to edgehub), no TCP port is
+/// bound, and edgehub's own client reaches it there. "none" without a socket is refused, as
+/// nothing could reach the API.
+#[tokio::test]
+async fn with_tcp_off_the_api_is_on_the_unix_socket_alone() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut h = Harness::new().await;
+    h.start();
+    h.wait_converged().await;
+    let sock = h.dir.path().join("run/api.sock");
+    let flags = edgehub::config::Overrides {
+        node_name: Some("edge-1".into()),
+        data_dir: Some(h.config.data_dir.clone()),
+        kubeconfig: Some(h.config.kubeconfig.clone()),
+        ..Default::default()
+    };
+    let resolve = |text: &str| {
+        edgehub::config::Config::resolve(
+            Some(text),
+            std::path::Path::new("edgehub.toml"),
+            &[],
+            &flags,
+            None,
+        )
+    };
+    let e = resolve("api_addr = \"none\"\n").unwrap_err().to_string();
+    assert!(e.contains("api_addr") && e.contains("api.socket"), "{e}");
+    let cfg = resolve(&format!(
+        "api_addr = \"none\"\n[api]\nsocket = \"{}\"\nsocket_mode = \"0660\"\n",
+        sock.display()
+    ))
+    .unwrap();
+    assert_eq!(cfg.api_addr, None);
+    let ls = listen::bind(&cfg).await.unwrap();
+    assert_eq!(ls.len(), 1, "the socket only");
+    assert!(matches!(ls[0], Listener::Unix(_)), "no TCP listener");
+    assert_eq!(
+        std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777,
+        0o660
+    );
+    let state = Arc::new(ApiState {
+        store: h.store.clone().unwrap(),
+        link: h.sync().link.clone(),
+        sync_stats: vec![],
+        metrics: Default::default(),
+        token: None,
+        node_name: "edge-1".into(),
+        cri: ready_runtime(),
+        runtime: None,
+        streams: Default::default(),
+    });
+    let (_tx, rx) = tokio::sync::watch::channel(false);
+    for l in ls {
+        tokio::spawn(api::serve(l, state.clone(), rx.clone()));
+    }
+    let c = LocalClient::for_config(&cfg, None, Duration::from_secs(5));
+    assert_eq!(c.target, Target::Unix(sock.clone()));
+    let a = tokio::task::spawn_blocking(move || c.get("/pods"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert!(a.body.contains("PodList"));
     h.stop().await;
 }
 
@@ -944,7 +1011,7 @@ async fn a_hung_runtime_gets_a_503_that_names_it_and_records_nothing() {
         }
     });
     let mut cfg = h.config.clone();
-    cfg.api_addr = "127.0.0.1:0".parse().unwrap();
+    cfg.api_addr = Some("127.0.0.1:0".parse().unwrap());
     let mut ls = listen::bind(&cfg).await.unwrap();
     let Listener::Tcp(tcp) = ls.remove(0) else {
         panic!("tcp first")
@@ -966,7 +1033,7 @@ async fn a_hung_runtime_gets_a_503_that_names_it_and_records_nothing() {
 
     let path = "/openyurt.io/v1/namespaces/vehicle/pods/telemetry-sv74m/upgrade";
     let c = LocalClient {
-        addr,
+        target: Target::Tcp(addr),
         token: None,
         timeout: Duration::from_secs(30),
     };

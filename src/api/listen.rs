@@ -1,5 +1,6 @@
 //! Opening the API's listeners: the TCP address, and optionally a unix socket with a file mode
-//! and group, so only the OTA manager's group can talk to edgehub.
+//! and group. The socket keeps other local users out only when TCP is off (`api_addr =
+//! "none"`): any local process can connect to a loopback port.
 
 use super::Listener;
 use crate::config::Config;
@@ -20,15 +21,15 @@ pub enum ListenError {
     Token { path: PathBuf, reason: String },
 }
 
-/// Binds every configured listener.
+/// Binds every configured listener: TCP first, unless `api_addr = "none"` turned it off.
 pub async fn bind(config: &Config) -> Result<Vec<Listener>, ListenError> {
-    let tcp = tokio::net::TcpListener::bind(config.api_addr)
-        .await
-        .map_err(|source| ListenError::Tcp {
-            addr: config.api_addr,
-            source,
-        })?;
-    let mut out = vec![Listener::Tcp(tcp)];
+    let mut out = Vec::new();
+    if let Some(addr) = config.api_addr {
+        let tcp = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| ListenError::Tcp { addr, source })?;
+        out.push(Listener::Tcp(tcp));
+    }
     if let Some(path) = &config.api.socket {
         out.push(Listener::Unix(bind_unix(
             path,
