@@ -33,6 +33,18 @@ pub struct Config {
     pub upgrade: crate::upgrade::UpgradeConfig,
     pub report: ReportConfig,
     pub logs: LogsConfig,
+    pub seal: SealConfig,
+}
+
+/// Where the device key that seals Secrets and tokens at rest comes from (`[seal]`; see
+/// `store::seal`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SealConfig {
+    /// A file on a protected partition holding at least 32 random bytes.
+    pub key_file: Option<PathBuf>,
+    /// A systemd credential's name in `$CREDENTIALS_DIRECTORY`; unset: `edgehub-seal-key`
+    /// when the unit provides it.
+    pub credential: Option<String>,
 }
 
 /// Container log rotation (`[logs]`), the kubelet's container log manager's knobs.
@@ -175,6 +187,15 @@ struct FileConfig {
     report: FileReport,
     #[serde(default)]
     logs: FileLogs,
+    #[serde(default)]
+    seal: FileSeal,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileSeal {
+    key_file: Option<PathBuf>,
+    credential: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -581,6 +602,21 @@ impl Config {
                 3_600,
             )?),
         };
+        let seal = SealConfig {
+            key_file: file.seal.key_file,
+            credential: file.seal.credential,
+        };
+        if let Some(p) = &seal.key_file {
+            absolute("seal.key_file", p)?;
+        }
+        if let Some(c) = &seal.credential {
+            if c.is_empty() || c.contains('/') || c.contains('\0') || c == "." || c == ".." {
+                return Err(invalid(
+                    "seal.credential",
+                    format!("{c:?} is not a credential name"),
+                ));
+            }
+        }
         Ok(Config {
             node_name,
             data_dir,
@@ -594,6 +630,7 @@ impl Config {
             upgrade,
             report,
             logs,
+            seal,
         })
     }
 }
@@ -1037,6 +1074,33 @@ mod tests {
             "api_addr",
             "no socket: nothing could reach the API"
         );
+    }
+
+    #[test]
+    fn seal_section_is_read_and_checked() {
+        let c = resolve(
+            Some("[seal]\nkey_file = \"/mnt/protected/edgehub.key\"\ncredential = \"k\"\n"),
+            &[],
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            c.seal.key_file.as_deref(),
+            Some(Path::new("/mnt/protected/edgehub.key"))
+        );
+        assert_eq!(c.seal.credential.as_deref(), Some("k"));
+        assert_eq!(
+            resolve(None, &[], &Overrides::default()).unwrap().seal,
+            SealConfig::default()
+        );
+        for bad in [
+            "[seal]\nkey_file = \"rel.key\"",
+            "[seal]\ncredential = \"a/b\"",
+            "[seal]\ncredential = \"\"",
+        ] {
+            let f = field_of(resolve(Some(bad), &[], &Overrides::default()).unwrap_err());
+            assert!(f.starts_with("seal."), "{bad}: {f}");
+        }
     }
 
     #[test]

@@ -372,6 +372,29 @@ pub fn status_text(body: &str) -> Result<String, String> {
             ""
         }
     ));
+    let sec = &v["secrets"];
+    if sec.is_object() {
+        let rows = &sec["rows"];
+        let n = |k: &str| rows[k].as_u64().unwrap_or(0);
+        match sec["key"].as_str() {
+            Some(key) => out.push_str(&format!(
+                "secrets: sealed with the device key ({key}): {} sealed",
+                n("sealed")
+            )),
+            None => out.push_str(&format!(
+                "secrets: NOT sealed, no device key ([seal] key_file or the edgehub-seal-key \
+                 credential): {} Secrets and tokens on flash in the clear",
+                n("clear")
+            )),
+        }
+        if n("unreadable") > 0 {
+            out.push_str(&format!(
+                ", {} unreadable (sealed with another key; fetched again once online)",
+                n("unreadable")
+            ));
+        }
+        out.push('\n');
+    }
     let ob = &v["outbox"];
     if ob.is_object() {
         let parked = ob["parked"].as_array().cloned().unwrap_or_default();

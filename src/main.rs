@@ -202,6 +202,10 @@ fn check_config(cli: &Cli) -> anyhow::Result<()> {
     if let Some(p) = &config.api.socket {
         println!("api.socket  = {}", p.display());
     }
+    match edgehub::store::seal::load(&config.seal)? {
+        Some(k) => println!("seal        = {}", k.source),
+        None => println!("seal        = none (Secrets and tokens are kept in the clear)"),
+    }
     println!("cri_socket  = {}", config.cri_socket.display());
     let client = api_client(&config)?;
     println!("apiserver   = {}", client.server());
@@ -235,7 +239,15 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
     // Start-up order: the store, then the CRI, then the pod runtime, then the local API, then
     // the sync. Pods run and the cache is served before the apiserver has answered (or when
     // it never does).
-    let store = Arc::new(Store::open(&config.db_path(), mode)?);
+    let key = edgehub::store::seal::load(&config.seal)?;
+    match &key {
+        Some(k) => {
+            tracing::info!(key = %k.source, "Secrets and service-account tokens are sealed at rest with the device key")
+        }
+        None => tracing::warn!(db = %config.db_path().display(),
+            "no device key ([seal] key_file, or the systemd credential edgehub-seal-key): Secrets and service-account tokens are kept on flash in the clear"),
+    }
+    let store = Arc::new(Store::open_with(&config.db_path(), mode, key)?);
     tracing::info!(node = %config.node_name, db = %store.path().display(), "store open");
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
     let cri_health = cri::spawn_monitor(CriClient::new(&config.cri_socket), shutdown_rx.clone());
