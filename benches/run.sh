@@ -34,7 +34,7 @@ for a in "$@"; do
 done
 runs=${RUNS:-3}
 export EDGEHUB_FLASH_WINDOW_SECS=${EDGEHUB_FLASH_WINDOW_SECS:-600}
-benches=${ONLY:-"sync api runtime runtime_behaviour upgrade outbox footprint flash fleet"}
+benches=${ONLY:-"sync api runtime runtime_behaviour upgrade outbox seal footprint flash fleet"}
 log() { printf '==> %s\n' "$*" >&2; }
 wanted() { [[ " $benches " == *" $1 "* ]]; }
 
@@ -91,7 +91,7 @@ for name in sync api footprint; do
     wanted "$name" || continue
     for r in $(seq 1 "$runs"); do bench "$name" "run$r"; done
 done
-for name in runtime runtime_behaviour upgrade outbox; do
+for name in runtime runtime_behaviour upgrade outbox seal; do
     wanted "$name" && bench "$name" run1
 done
 # Then the flash window (about 9 minutes), which counts one process's writes, whatever else
