@@ -244,6 +244,64 @@ fn a_cache_from_before_the_key_is_sealed_when_it_opens_with_one() {
     assert_eq!(store.seal_status().unwrap().counts.sealed, 2);
 }
 
+/// Without a key (and for rows an old key sealed), what a renewal replaces and what a
+/// dropped pod or Secret leaves behind does not linger in freed cells or overflow pages:
+/// `secure_delete` zeroes them, so once the WAL is checkpointed at close no byte of the
+/// files holds the old token or the deleted Secret, while the renewed token is there.
+#[test]
+fn a_renewed_token_and_a_deleted_secret_leave_no_bytes_in_freed_pages() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let db = data.join("edgehub.db");
+    // As long as real bound tokens (1.1 KB), and a Secret larger than a page, so that its
+    // value sits in overflow pages.
+    let long = |tag: &str| format!("eyJhbGciOiJSUzI1NiJ9.{tag}.{}", "x".repeat(1100));
+    let (old, new, gone) = (
+        long("old-token"),
+        long("renewed-token"),
+        long("dropped-pod"),
+    );
+    let big_secret = format!("{SECRET_B64}{}", "QUJD".repeat(2000));
+    let mut secret = secret_row("big");
+    secret.raw = Some(
+        json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "creds", "namespace": "big"}, "data": {"pw": big_secret}})
+        .to_string(),
+    );
+
+    let store = Store::open(&db, OpenMode::Normal).unwrap();
+    store.put_token(&token_row("uid-keep", &old)).unwrap();
+    store.put_token(&token_row("uid-gone", &gone)).unwrap();
+    store.put_source(&secret).unwrap();
+    drop(store);
+    assert!(
+        !files_holding(&data, &old).is_empty(),
+        "in the clear: no key"
+    );
+    assert!(!files_holding(&data, &big_secret[..200]).is_empty());
+
+    let store = Store::open(&db, OpenMode::Normal).unwrap();
+    store.put_token(&token_row("uid-keep", &new)).unwrap();
+    assert_eq!(store.retain_tokens(&["uid-keep"]).unwrap(), 1);
+    store.delete_source("secrets", "big", "creds").unwrap();
+    drop(store);
+    assert!(
+        !files_holding(&data, &new).is_empty(),
+        "the renewed token is kept"
+    );
+    assert_eq!(files_holding(&data, &old), Vec::<PathBuf>::new(), "renewed");
+    assert_eq!(
+        files_holding(&data, &gone),
+        Vec::<PathBuf>::new(),
+        "pod dropped"
+    );
+    assert_eq!(
+        files_holding(&data, &big_secret[..200]),
+        Vec::<PathBuf>::new(),
+        "Secret deleted"
+    );
+}
+
 /// Another key (a rotation, the wrong file) is not a crash: the store opens, says how many
 /// rows it cannot read, and they read as not cached, so they are fetched again; written
 /// again, they are sealed with the new key.
