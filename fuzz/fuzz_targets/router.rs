@@ -28,15 +28,38 @@ fuzz_target!(|data: &[u8]| {
         },
         Via::Unix,
     ] {
-        if guard::check_origin_and_host(origin, site, host, via).is_ok() && origin.is_some() {
-            panic!("a request with an Origin was admitted");
+        if guard::check_origin_and_host(origin, site, host, via).is_err() {
+            continue;
+        }
+        assert!(origin.is_none(), "a request with an Origin was admitted");
+        assert!(
+            site.is_none_or(|s| s.eq_ignore_ascii_case(b"none")),
+            "a page's Sec-Fetch-Site was admitted"
+        );
+        if matches!(via, Via::Tcp { .. }) {
+            // What DNS rebinding needs is a name it controls in Host: over TCP only
+            // `localhost` and IP literals (bracketed or dotted/numeric) get in.
+            let h = host.expect("over TCP a request without Host was admitted");
+            let lower = h.to_ascii_lowercase();
+            assert!(
+                lower.starts_with(b"localhost")
+                    || lower.starts_with(b"[")
+                    || std::str::from_utf8(&lower)
+                        .ok()
+                        .and_then(|v| v.rsplit_once(':').map_or(Some(v), |(a, _)| Some(a)))
+                        .is_some_and(|a| a.parse::<std::net::IpAddr>().is_ok()),
+                "a foreign Host was admitted: {:?}",
+                String::from_utf8_lossy(h)
+            );
         }
     }
     let _ = guard::authenticate(Some(b"token"), auth);
     if let Some(t) = auth.and_then(guard::bearer_token) {
         assert!(!t.is_empty() && t[0] != b' ');
     }
-    let Ok(s) = std::str::from_utf8(request) else { return };
+    let Ok(s) = std::str::from_utf8(request) else {
+        return;
+    };
     let (method, path) = s.split_once(' ').unwrap_or(("GET", s));
     if let Ok(route) = edgehub::api::router::route(method, path) {
         // Whatever is routed has names that passed the DNS-1123 checks.
