@@ -250,6 +250,7 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
     let store = Arc::new(Store::open_with(&config.db_path(), mode, key)?);
     tracing::info!(node = %config.node_name, db = %store.path().display(), "store open");
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+    edgehub::mountns::set_runtime_socket(&config.cri_socket);
     let cri_health = cri::spawn_monitor(CriClient::new(&config.cri_socket), shutdown_rx.clone());
     let token = listen::read_token(&config)?;
     let listeners = listen::bind(&config).await?;

@@ -4,6 +4,8 @@
 //! fails loudly without it).
 
 mod common;
+#[path = "common/edge.rs"]
+mod edge;
 
 use edgehub::cri::{labels, CriClient, CriRuntime};
 use edgehub::object::Kind;
@@ -13,7 +15,7 @@ use edgehub::store::{
 };
 use serde_json::json;
 use std::collections::HashMap;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -824,4 +826,159 @@ async fn edgehub_status_over_the_socket_says_how_secrets_are_kept() {
         log.contains(&format!("device key file {}", missing.display())),
         "{log}"
     );
+}
+
+/// What the container `app` of the node's telemetry pod finds in its service-account volume:
+/// the token, the cluster's CA and the namespace, once all three are there.
+async fn wait_for_service_account_files(n: &edge::Node) -> String {
+    n.wait_for(90, "the app runs", |n| async move {
+        !n.running("app").await.is_empty()
+    })
+    .await;
+    let dir = "/var/run/secrets/kubernetes.io/serviceaccount";
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let app = n.running("app").await.remove(0);
+        let last = exec(
+            &n.cri,
+            &app.id,
+            &["sh", "-c", &format!("ls {dir}; cat {dir}/token")],
+        )
+        .await;
+        if [
+            "token",
+            "ca.crt",
+            "namespace",
+            "fake-token-for-telemetry-sv74m",
+        ]
+        .iter()
+        .all(|w| last.contains(w))
+        {
+            return last;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the container's {dir} holds: {last:?}\nedgehub log:\n{}",
+            n.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `edgehub run` for node `n`, wrapped in `wrapper` (a command and its arguments).
+fn start_wrapped(n: &mut edge::Node, wrapper: &[&str]) {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(n.dir.path().join("edgehub.log"))
+        .unwrap();
+    let mut cmd = std::process::Command::new(wrapper[0]);
+    cmd.args(&wrapper[1..])
+        .arg(BIN)
+        .arg("--config")
+        .arg(&n.config)
+        .arg("run")
+        .stdout(std::process::Stdio::null())
+        .stderr(log);
+    n.child = Some(cmd.spawn().unwrap());
+}
+
+fn mount_ns(pid: &str) -> PathBuf {
+    std::fs::read_link(format!("/proc/{pid}/ns/mnt")).unwrap()
+}
+
+/// The mount namespace systemd gives a unit with `PrivateTmp=` or `ProtectSystem=` (the
+/// shipped unit had both): edgehub under `unshare --mount --propagation slave`, containerd
+/// outside it. The tmpfs of the pod's token volume was edgehub's alone, and containerd
+/// bind-mounted the empty directory under it. Now edgehub finds containerd's namespace
+/// (the peer of the CRI socket), says so, and attaches the volume's tmpfs there too: the
+/// container reads its token, CA and namespace; and an edgehub restarted in a fresh
+/// namespace takes the running pod's tmpfs over, so the token it renews reaches it.
+#[tokio::test]
+async fn under_the_namespace_systemd_gave_the_unit_the_container_reads_its_token() {
+    let mut n = edge::node("mntns").await;
+    start_wrapped(
+        &mut n,
+        &["unshare", "--mount", "--propagation", "slave", "--"],
+    );
+    let pid = n.child.as_ref().unwrap().id().to_string();
+    let files = wait_for_service_account_files(&n).await;
+    assert_ne!(
+        mount_ns(&pid),
+        mount_ns("self"),
+        "edgehub ran in a mount namespace of its own"
+    );
+    assert!(files.contains("fake-token-for-telemetry-sv74m"), "{files}");
+    assert!(
+        n.log()
+            .contains("edgehub runs in another mount namespace than the container runtime"),
+        "said at the first volume: {}",
+        n.log()
+    );
+    let app = n.running("app").await.remove(0).id;
+
+    // A restart, in a new namespace: the running container keeps its volume, and the new
+    // edgehub takes that tmpfs over (rather than mounting a new one the container never
+    // sees), so what it writes there from now on (renewed tokens) reaches the container.
+    n.kill9();
+    start_wrapped(
+        &mut n,
+        &["unshare", "--mount", "--propagation", "slave", "--"],
+    );
+    let new_pid = n.child.as_ref().unwrap().id().to_string();
+    let volumes = n.dir.path().join("data/pods").join(&n.uid).join("volumes");
+    let token_dir = find_dir(&volumes, edgehub::volumes::TOKEN_VOLUME_PREFIX)
+        .unwrap_or_else(|| panic!("no token volume under {}", volumes.display()));
+    let dev = |p: &Path| std::fs::metadata(p).ok().map(|m| m.dev());
+    let theirs =
+        PathBuf::from(format!("/proc/{new_pid}/root")).join(token_dir.strip_prefix("/").unwrap());
+    n.wait_for(
+        30,
+        "the new edgehub, in its namespace, has the running pod's tmpfs",
+        |_| {
+            let (a, b) = (dev(&token_dir), dev(&theirs));
+            let apart = std::fs::read_link(format!("/proc/{new_pid}/ns/mnt")).ok()
+                != Some(mount_ns("self"));
+            async move { apart && a.is_some() && a == b }
+        },
+    )
+    .await;
+    std::fs::write(theirs.join("written-by-the-new-edgehub"), "x").unwrap();
+    let seen = exec(
+        &n.cri,
+        &app,
+        &["ls", "/var/run/secrets/kubernetes.io/serviceaccount"],
+    )
+    .await;
+    assert!(seen.contains("written-by-the-new-edgehub"), "{seen}");
+    n.clean().await;
+}
+
+/// The first directory under `root` whose name starts with `prefix`.
+fn find_dir(root: &Path, prefix: &str) -> Option<PathBuf> {
+    for e in std::fs::read_dir(root).ok()?.flatten() {
+        let p = e.path();
+        if !p.is_dir() {
+            continue;
+        }
+        if e.file_name().to_string_lossy().starts_with(prefix) {
+            return Some(p);
+        }
+        if let Some(found) = find_dir(&p, prefix) {
+            return Some(found);
+        }
+    }
+    None
+}
+
+/// The same pod with edgehub as the fixed unit runs it, in the host's mount namespace.
+#[tokio::test]
+async fn in_the_hosts_namespace_the_container_reads_its_token() {
+    let mut n = edge::node("hostns").await;
+    n.start();
+    let pid = n.child.as_ref().unwrap().id().to_string();
+    wait_for_service_account_files(&n).await;
+    assert_eq!(mount_ns(&pid), mount_ns("self"));
+    assert!(!n.log().contains("another mount namespace"), "{}", n.log());
+    n.clean().await;
 }
