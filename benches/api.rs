@@ -117,6 +117,7 @@ async fn bench(server: &tokio::runtime::Handle, n: usize, samples: usize) {
         node_name: "edge-1".into(),
         cri: ready_runtime(),
         runtime: None,
+        streams: Default::default(),
     });
     let tcp = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     tcp.set_nonblocking(true).expect("nonblocking");

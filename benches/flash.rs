@@ -201,13 +201,26 @@ fn main() {
             server.apply("pods", pod(&node, i));
         }
         let dir = tempfile::tempdir().expect("tempdir");
+        // With a device key, as the README asks a device to have, so the hour counts what
+        // sealing the tokens costs; EDGEHUB_FLASH_SEAL=0 runs without one, for comparison
+        // (benches/seal.rs isolates the store's part).
+        let seal = if std::env::var("EDGEHUB_FLASH_SEAL").as_deref() == Ok("0") {
+            println!("no device key (EDGEHUB_FLASH_SEAL=0): tokens in the clear");
+            String::new()
+        } else {
+            let key = dir.path().join("seal.key");
+            std::fs::write(&key, [0x5au8; 32]).expect("key file");
+            std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                .expect("key mode");
+            format!("[seal]\nkey_file = \"{}\"\n", key.display())
+        };
         let mut e = Edge::prepare(
             &server,
             &bin,
             dir.path(),
             &node,
             &socket,
-            &format!("[sync]\ncursor_checkpoint_secs = {BENCH_CHECKPOINT_SECS}\n"),
+            &format!("[sync]\ncursor_checkpoint_secs = {BENCH_CHECKPOINT_SECS}\n{seal}"),
         );
         let started = e.start(&[]);
         let all_ready = |n: usize| (0..n).all(|i| ready(&server, &format!("flash-{i}")));

@@ -72,6 +72,15 @@ ROWS = [
      None, ""),
     ("flash_write_kib_per_hour_background", "  of which everything else (probes, Leases, "
      "bookmarks, Node status)", None, ""),
+    ("seal_flash_bytes_per_token_round_5_pods_clear",
+     "one round of 5 token renewals, store only, tokens in the clear", None, "benches/seal.rs"),
+    ("seal_flash_bytes_per_token_round_5_pods_sealed",
+     "  the same, tokens sealed with a device key", None, ""),
+    ("seal_cpu_us_per_pod_start_clear", "CPU to read a pod's Secret and token from the cache, "
+     "in the clear", None, ""),
+    ("seal_cpu_us_per_pod_start_sealed", "  the same, sealed", None, ""),
+    ("seal_us_per_token", "AES-256-GCM seal of one 1.1 KB token", None, ""),
+    ("open_us_per_token", "AES-256-GCM open of one 1.1 KB token", None, ""),
     ("flash_growth_kib_per_hour", "data dir growth at steady state", None, ""),
     ("apiserver_requests_per_idle_minute", "apiserver requests per idle minute, one device",
      None, "Lease renewals"),

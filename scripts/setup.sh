@@ -24,8 +24,8 @@ cri=(containerd runc docker-registry skopeo busybox-static containernetworking-p
 demo=(gcc libc6-dev sqlite3 curl)
 # The suite: `file` checks the musl binaries, systemd-analyze the unit, qemu runs aarch64,
 # pip installs zig for cargo-zigbuild, libfaketime moves edgehub's wall clock (the clock-jump
-# tests).
-test=(file systemd qemu-user-static python3-pip faketime)
+# tests), chromium drives a hostile web page against the local API (tests/api.rs).
+test=(file systemd qemu-user-static python3-pip faketime chromium)
 
 case "$what" in
     cri) packages=("${cri[@]}") ;;

@@ -31,7 +31,9 @@ pub struct Config {
     pub node_name: String,
     pub data_dir: PathBuf,
     pub kubeconfig: PathBuf,
-    pub api_addr: SocketAddr,
+    /// The local API's TCP address; `None` (`api_addr = "none"`) when it listens on the unix
+    /// socket alone.
+    pub api_addr: Option<SocketAddr>,
     pub cri_socket: PathBuf,
     /// A `tracing` filter, e.g. `info` or `edgehub::sync=debug`.
     pub log: String,
@@ -41,6 +43,18 @@ pub struct Config {
     pub upgrade: crate::upgrade::UpgradeConfig,
     pub report: ReportConfig,
     pub logs: LogsConfig,
+    pub seal: SealConfig,
+}
+
+/// Where the device key that seals Secrets and tokens at rest comes from (`[seal]`; see
+/// `store::seal`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SealConfig {
+    /// A file on a protected partition holding at least 32 random bytes.
+    pub key_file: Option<PathBuf>,
+    /// A systemd credential's name in `$CREDENTIALS_DIRECTORY`; unset: `edgehub-seal-key`
+    /// when the unit provides it.
+    pub credential: Option<String>,
 }
 
 impl Config {
@@ -93,6 +107,15 @@ struct FileConfig {
     report: FileReport,
     #[serde(default)]
     logs: FileLogs,
+    #[serde(default)]
+    seal: FileSeal,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileSeal {
+    key_file: Option<PathBuf>,
+    credential: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -268,12 +291,21 @@ impl Config {
         }
         let api_addr_s = pick(flags.api_addr.clone(), "EDGEHUB_API_ADDR", file.api_addr)
             .unwrap_or_else(|| DEFAULT_API_ADDR.to_string());
-        let api_addr: SocketAddr = api_addr_s.parse().map_err(|_| {
-            invalid(
-                "api_addr",
-                format!("{api_addr_s:?} is not an IP:port address (e.g. 127.0.0.1:10267)"),
-            )
-        })?;
+        // "none": no TCP listener, the unix socket alone (checked below, once the socket is
+        // known). While TCP is bound, any local process and any web page's browser can reach
+        // the API there, whatever the socket's mode and group say.
+        let api_addr: Option<SocketAddr> = if api_addr_s == "none" {
+            None
+        } else {
+            Some(api_addr_s.parse().map_err(|_| {
+                invalid(
+                    "api_addr",
+                    format!(
+                        "{api_addr_s:?} is not an IP:port address (e.g. 127.0.0.1:10267) or \"none\""
+                    ),
+                )
+            })?)
+        };
         let cri_socket = pick_path(&flags.cri_socket, "EDGEHUB_CRI_SOCKET", file.cri_socket)
             .unwrap_or_else(|| PathBuf::from(DEFAULT_CRI_SOCKET));
         absolute("cri_socket", &cri_socket)?;
@@ -376,6 +408,13 @@ impl Config {
                     format!("{g:?} is not a group name"),
                 ));
             }
+        }
+        if api_addr.is_none() && a.socket.is_none() {
+            return Err(invalid(
+                "api_addr",
+                "\"none\" turns the TCP listener off, so api.socket must be set: nothing could \
+                 reach the local API",
+            ));
         }
         let api = ApiConfig {
             socket: a.socket,
@@ -483,6 +522,21 @@ impl Config {
                 3_600,
             )?),
         };
+        let seal = SealConfig {
+            key_file: file.seal.key_file,
+            credential: file.seal.credential,
+        };
+        if let Some(p) = &seal.key_file {
+            absolute("seal.key_file", p)?;
+        }
+        if let Some(c) = &seal.credential {
+            if c.is_empty() || c.contains('/') || c.contains('\0') || c == "." || c == ".." {
+                return Err(invalid(
+                    "seal.credential",
+                    format!("{c:?} is not a credential name"),
+                ));
+            }
+        }
         Ok(Config {
             node_name,
             data_dir,
@@ -496,6 +550,7 @@ impl Config {
             upgrade,
             report,
             logs,
+            seal,
         })
     }
 }
@@ -767,7 +822,7 @@ mod tests {
         assert_eq!(c.data_dir, Path::new("/var/lib/edgehub"));
         assert_eq!(c.db_path(), Path::new("/var/lib/edgehub/edgehub.db"));
         assert_eq!(c.kubeconfig, Path::new("/etc/edgehub/kubeconfig"));
-        assert_eq!(c.api_addr.to_string(), "127.0.0.1:10267");
+        assert_eq!(c.api_addr, Some("127.0.0.1:10267".parse().unwrap()));
         assert_eq!(c.cri_socket, Path::new("/run/containerd/containerd.sock"));
         assert!(c.sync.watch_namespaces.is_empty());
         assert_eq!(c.sync.list_page_size, 100);
@@ -787,7 +842,7 @@ mod tests {
         let c = resolve(Some(file), &env, &flags).unwrap();
         assert_eq!(c.node_name, "from-flag");
         assert_eq!(c.data_dir, Path::new("/env"));
-        assert_eq!(c.api_addr.to_string(), "127.0.0.1:1");
+        assert_eq!(c.api_addr, Some("127.0.0.1:1".parse().unwrap()));
     }
 
     #[test]
@@ -918,6 +973,53 @@ mod tests {
             "plain",
         ] {
             assert!(check_node_label(ok, "v").is_ok(), "{ok}");
+        }
+    }
+
+    #[test]
+    fn tcp_can_be_turned_off_when_the_socket_is_set() {
+        let c = resolve(
+            Some("api_addr = \"none\"\n[api]\nsocket = \"/run/edgehub/api.sock\"\n"),
+            &[],
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(c.api_addr, None);
+        let flag = Overrides {
+            api_addr: Some("none".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            field_of(resolve(None, &[], &flag).unwrap_err()),
+            "api_addr",
+            "no socket: nothing could reach the API"
+        );
+    }
+
+    #[test]
+    fn seal_section_is_read_and_checked() {
+        let c = resolve(
+            Some("[seal]\nkey_file = \"/mnt/protected/edgehub.key\"\ncredential = \"k\"\n"),
+            &[],
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            c.seal.key_file.as_deref(),
+            Some(Path::new("/mnt/protected/edgehub.key"))
+        );
+        assert_eq!(c.seal.credential.as_deref(), Some("k"));
+        assert_eq!(
+            resolve(None, &[], &Overrides::default()).unwrap().seal,
+            SealConfig::default()
+        );
+        for bad in [
+            "[seal]\nkey_file = \"rel.key\"",
+            "[seal]\ncredential = \"a/b\"",
+            "[seal]\ncredential = \"\"",
+        ] {
+            let f = field_of(resolve(Some(bad), &[], &Overrides::default()).unwrap_err());
+            assert!(f.starts_with("seal."), "{bad}: {f}");
         }
     }
 
@@ -1067,7 +1169,7 @@ mod tests {
         ];
         let c = resolve(None, &env, &Overrides::default()).unwrap();
         assert_eq!(c.kubeconfig, Path::new("/k"));
-        assert_eq!(c.api_addr.to_string(), "0.0.0.0:9");
+        assert_eq!(c.api_addr, Some("0.0.0.0:9".parse().unwrap()));
         assert_eq!(c.cri_socket, Path::new("/run/x.sock"));
         assert_eq!(c.log, "debug");
     }

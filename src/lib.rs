@@ -27,6 +27,7 @@ pub mod failpoint;
 pub mod kube;
 pub mod local_client;
 pub mod logs;
+pub mod mountns;
 pub mod names;
 pub mod need_upgrade;
 pub mod node;

@@ -7,14 +7,15 @@ use hyper::body::Incoming;
 use serde_json::Value;
 use std::io::Write;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error("cannot reach edgehub's local API at {addr}: {reason} (is `edgehub run` running?)")]
-    Connect { addr: SocketAddr, reason: String },
+    Connect { addr: Target, reason: String },
     #[error("local API at {addr}: {reason}")]
-    Http { addr: SocketAddr, reason: String },
+    Http { addr: Target, reason: String },
     #[error("writing the output: {0}")]
     Output(#[source] std::io::Error),
 }
@@ -26,15 +27,52 @@ pub struct Answer {
     pub body: String,
 }
 
-/// A client for `http://<api_addr>`.
+/// Where the local API listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    Tcp(SocketAddr),
+    /// The unix socket, when TCP is off.
+    Unix(PathBuf),
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Tcp(a) => write!(f, "{a}"),
+            Target::Unix(p) => write!(f, "{}", p.display()),
+        }
+    }
+}
+
+/// A client for the local API: `http://<api_addr>`, or its unix socket.
 #[derive(Debug, Clone)]
 pub struct LocalClient {
-    pub addr: SocketAddr,
+    pub target: Target,
     pub token: Option<String>,
     pub timeout: Duration,
 }
 
 impl LocalClient {
+    /// A client for the API `edgehub run` serves with `config`: its TCP address, or the unix
+    /// socket when TCP is off (`api_addr = "none"`; the configuration requires a socket then).
+    pub fn for_config(
+        config: &crate::config::Config,
+        token: Option<String>,
+        timeout: Duration,
+    ) -> LocalClient {
+        let target = match (config.api_addr, &config.api.socket) {
+            (Some(a), _) => Target::Tcp(a),
+            (None, Some(p)) => Target::Unix(p.clone()),
+            // Refused by the configuration's checks; the default address says where to look.
+            (None, None) => Target::Tcp(SocketAddr::from(([127, 0, 0, 1], 10267))),
+        };
+        LocalClient {
+            target,
+            token,
+            timeout,
+        }
+    }
+
     pub fn get(&self, path: &str) -> Result<Answer, ClientError> {
         self.call("GET", path)
     }
@@ -58,7 +96,7 @@ impl LocalClient {
 
     fn http(&self, reason: String) -> ClientError {
         ClientError::Http {
-            addr: self.addr,
+            addr: self.target.clone(),
             reason,
         }
     }
@@ -88,21 +126,25 @@ impl LocalClient {
         method: &str,
         path: &str,
     ) -> Result<hyper::Response<Incoming>, ClientError> {
-        let tcp = tokio::net::TcpStream::connect(self.addr)
-            .await
-            .map_err(|e| ClientError::Connect {
-                addr: self.addr,
-                reason: e.to_string(),
-            })?;
-        let (mut send, conn) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
-                .await
-                .map_err(|e| self.http(e.to_string()))?;
-        tokio::spawn(conn);
+        let connect = |e: std::io::Error| ClientError::Connect {
+            addr: self.target.clone(),
+            reason: e.to_string(),
+        };
+        // The API refuses a Host that is not a loopback name; on the socket any will do.
+        let (mut send, host) = match &self.target {
+            Target::Tcp(a) => {
+                let s = tokio::net::TcpStream::connect(a).await.map_err(connect)?;
+                (self.handshake(s).await?, a.to_string())
+            }
+            Target::Unix(p) => {
+                let s = tokio::net::UnixStream::connect(p).await.map_err(connect)?;
+                (self.handshake(s).await?, "localhost".to_string())
+            }
+        };
         let mut req = hyper::Request::builder()
             .method(method)
             .uri(path)
-            .header(hyper::header::HOST, self.addr.to_string());
+            .header(hyper::header::HOST, host);
         if let Some(t) = &self.token {
             req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {t}"));
         }
@@ -112,6 +154,20 @@ impl LocalClient {
         send.send_request(req)
             .await
             .map_err(|e| self.http(e.to_string()))
+    }
+
+    async fn handshake<IO>(
+        &self,
+        io: IO,
+    ) -> Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>, ClientError>
+    where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let (send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io))
+            .await
+            .map_err(|e| self.http(e.to_string()))?;
+        tokio::spawn(conn);
+        Ok(send)
     }
 
     /// GETs `path` and copies a 200 answer's body into `sink` as it arrives, for
@@ -316,6 +372,29 @@ pub fn status_text(body: &str) -> Result<String, String> {
             ""
         }
     ));
+    let sec = &v["secrets"];
+    if sec.is_object() {
+        let rows = &sec["rows"];
+        let n = |k: &str| rows[k].as_u64().unwrap_or(0);
+        match sec["key"].as_str() {
+            Some(key) => out.push_str(&format!(
+                "secrets: sealed with the device key ({key}): {} sealed",
+                n("sealed")
+            )),
+            None => out.push_str(&format!(
+                "secrets: NOT sealed, no device key ([seal] key_file or the edgehub-seal-key \
+                 credential): {} Secrets and tokens on flash in the clear",
+                n("clear")
+            )),
+        }
+        if n("unreadable") > 0 {
+            out.push_str(&format!(
+                ", {} unreadable (sealed with another key; fetched again once online)",
+                n("unreadable")
+            ));
+        }
+        out.push('\n');
+    }
     let ob = &v["outbox"];
     if ob.is_object() {
         let parked = ob["parked"].as_array().cloned().unwrap_or_default();

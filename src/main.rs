@@ -33,7 +33,7 @@ struct Cli {
     /// Kubeconfig with the node's credentials.
     #[arg(long, global = true)]
     kubeconfig: Option<PathBuf>,
-    /// Local API address (IP:port).
+    /// Local API address (IP:port), or `none` for the unix socket alone.
     #[arg(long, global = true)]
     api_addr: Option<String>,
     /// CRI socket path.
@@ -195,7 +195,17 @@ fn check_config(cli: &Cli) -> anyhow::Result<()> {
     println!("node_name   = {}", config.node_name);
     println!("data_dir    = {}", config.data_dir.display());
     println!("kubeconfig  = {}", config.kubeconfig.display());
-    println!("api_addr    = {}", config.api_addr);
+    match config.api_addr {
+        Some(a) => println!("api_addr    = {a}"),
+        None => println!("api_addr    = none (the unix socket alone)"),
+    }
+    if let Some(p) = &config.api.socket {
+        println!("api.socket  = {}", p.display());
+    }
+    match edgehub::store::seal::load(&config.seal)? {
+        Some(k) => println!("seal        = {}", k.source),
+        None => println!("seal        = none (Secrets and tokens are kept in the clear)"),
+    }
     println!("cri_socket  = {}", config.cri_socket.display());
     let client = api_client(&config)?;
     println!("apiserver   = {}", client.server());
@@ -229,9 +239,18 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
     // Start-up order: the store, then the CRI, then the pod runtime, then the local API, then
     // the sync. Pods run and the cache is served before the apiserver has answered (or when
     // it never does).
-    let store = Arc::new(Store::open(&config.db_path(), mode)?);
+    let key = edgehub::store::seal::load(&config.seal)?;
+    match &key {
+        Some(k) => {
+            tracing::info!(key = %k.source, "Secrets and service-account tokens are sealed at rest with the device key")
+        }
+        None => tracing::warn!(db = %config.db_path().display(),
+            "no device key ([seal] key_file, or the systemd credential edgehub-seal-key): Secrets and service-account tokens are kept on flash in the clear"),
+    }
+    let store = Arc::new(Store::open_with(&config.db_path(), mode, key)?);
     tracing::info!(node = %config.node_name, db = %store.path().display(), "store open");
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+    edgehub::mountns::set_runtime_socket(&config.cri_socket);
     let cri_health = cri::spawn_monitor(CriClient::new(&config.cri_socket), shutdown_rx.clone());
     let token = listen::read_token(&config.api)?;
     let listeners = listen::bind(config.api_addr, &config.api).await?;
@@ -323,6 +342,7 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
         node_name: config.node_name.clone(),
         cri: cri_health,
         runtime: Some(CriClient::new(&config.cri_socket)),
+        streams: Default::default(),
     });
     let mut servers = Vec::new();
     for l in listeners {
@@ -332,7 +352,7 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
             shutdown_rx.clone(),
         )));
     }
-    tracing::info!(addr = %config.api_addr, socket = ?config.api.socket, "local API serving");
+    tracing::info!(addr = ?config.api_addr, socket = ?config.api.socket, "local API serving");
     sync.start(shutdown_rx.clone());
     let node_task = tokio::spawn(agent.run(sync.link.clone(), shutdown_rx.clone()));
     edgehub::notify::notify("READY=1");
@@ -453,11 +473,11 @@ fn controller(cli: &Cli, args: &ControllerArgs) -> anyhow::Result<()> {
 /// A client for this node's local API, from the same configuration `edgehub run` uses.
 fn local_client(cli: &Cli) -> anyhow::Result<LocalClient> {
     let config = load_config(cli)?;
-    Ok(LocalClient {
-        addr: config.api_addr,
-        token: listen::read_token(&config.api)?,
-        timeout: std::time::Duration::from_secs(30),
-    })
+    Ok(LocalClient::for_config(
+        &config,
+        listen::read_token(&config.api)?,
+        std::time::Duration::from_secs(30),
+    ))
 }
 
 fn pods(cli: &Cli) -> anyhow::Result<()> {

@@ -98,32 +98,59 @@ pub fn refresh_files(plan: &PodPlan) -> Result<usize, Unsupported> {
 /// Puts a volume's directory on its own tmpfs, as the kubelet does for Secret, projected and
 /// downwardAPI volumes, so secrets and tokens never reach flash. Where a tmpfs cannot be
 /// mounted (no CAP_SYS_ADMIN, a read-only /proc), the files go to disk and a warning says so.
+///
+/// When edgehub runs in another mount namespace than the container runtime (see mountns.rs),
+/// the tmpfs must be the same one in both, or the container gets the empty directory under
+/// it: a tmpfs the runtime already has there (a pod from before this edgehub started) is
+/// taken over, a new one is attached in the runtime's namespace too. Where that fails the
+/// tmpfs goes again, so that the files reach the container, from disk, with an error that
+/// says why.
 fn in_memory(path: &Path) {
     if let Err(e) = mkdir(path, 0o755) {
         tracing::warn!(dir = %path.display(), error = %e, "cannot create the volume directory");
         return;
     }
-    if is_mount_point(path) {
+    let runtime = crate::mountns::foreign_runtime();
+    if let Some(pid) = runtime {
+        if !is_mount_point(path) && crate::mountns::is_mount_point_for(pid, path) {
+            if let Err(e) = crate::mountns::import(pid, path) {
+                tracing::warn!(dir = %path.display(), error = %e,
+                    "cannot take over the runtime's tmpfs for this volume");
+            }
+        }
+    }
+    if !is_mount_point(path) {
+        match mount_tmpfs(path) {
+            Ok(()) => tracing::debug!(dir = %path.display(), "volume on tmpfs"),
+            Err(e) => {
+                tracing::warn!(dir = %path.display(), error = %e,
+                    "cannot mount a tmpfs for this volume; its files (Secrets, tokens) are written to disk");
+                return;
+            }
+        }
+    }
+    let Some(pid) = runtime else { return };
+    if crate::mountns::same_mount(pid, path) {
         return;
     }
-    match mount_tmpfs(path) {
-        Ok(()) => tracing::debug!(dir = %path.display(), "volume on tmpfs"),
-        Err(e) => tracing::warn!(dir = %path.display(), error = %e,
-            "cannot mount a tmpfs for this volume; its files (Secrets, tokens) are written to disk"),
+    if let Err(e) = crate::mountns::export(pid, path) {
+        tracing::error!(dir = %path.display(), runtime_pid = pid, error = %e,
+            "the container runtime cannot see this volume's tmpfs (edgehub is in another mount namespace) and it cannot be attached there: the files (Secrets, tokens) are written to disk instead, so the container gets them");
+        unmount(path);
     }
 }
 
-/// Whether `path` is the root of a mount (its device differs from its parent's).
-pub fn is_mount_point(path: &Path) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    let (Ok(me), Some(Ok(parent))) = (
-        std::fs::metadata(path),
-        path.parent().map(std::fs::metadata),
-    ) else {
-        return false;
-    };
-    me.dev() != parent.dev()
+fn unmount(path: &Path) {
+    let Ok(target) = cstr(path) else { return };
+    // SAFETY: a valid NUL-terminated path that outlives the call.
+    let rc = unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        tracing::warn!(dir = %path.display(), error = %e, "cannot unmount a volume");
+    }
 }
+
+pub use crate::mountns::is_mount_point;
 
 fn cstr(p: &Path) -> std::io::Result<std::ffi::CString> {
     use std::os::unix::ffi::OsStrExt;
@@ -176,14 +203,10 @@ fn mounts_under(dir: &Path) -> Vec<PathBuf> {
 /// Removes a pod's directory: its tmpfs volumes are unmounted first (a recursive delete would
 /// otherwise stop at them, or empty a mount another process still sees).
 pub fn remove_pod_dir(dir: &Path) -> std::io::Result<()> {
+    // Mounts of these directories in the runtime's namespace, if it is another one, go with
+    // the directories: rmdir detaches a mount point's mounts in other namespaces.
     for m in mounts_under(dir) {
-        let target = cstr(&m)?;
-        // SAFETY: a valid NUL-terminated path that outlives the call.
-        let rc = unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
-        if rc != 0 {
-            let e = std::io::Error::last_os_error();
-            tracing::warn!(dir = %m.display(), error = %e, "cannot unmount a volume");
-        }
+        unmount(&m);
     }
     match std::fs::remove_dir_all(dir) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),

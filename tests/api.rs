@@ -5,7 +5,7 @@ mod common;
 
 use common::{wait_until, Harness};
 use edgehub::api::{self, listen, ApiState, Listener};
-use edgehub::local_client::{Answer, LocalClient};
+use edgehub::local_client::{Answer, LocalClient, Target};
 use edgehub::object::Kind;
 use edgehub_testsupport::fixture_body;
 use serde_json::{json, Value};
@@ -29,7 +29,7 @@ async fn start_api_with(
     cri: tokio::sync::watch::Receiver<edgehub::cri::CriHealth>,
 ) -> Api {
     let mut cfg = h.config.clone();
-    cfg.api_addr = "127.0.0.1:0".parse().unwrap();
+    cfg.api_addr = Some("127.0.0.1:0".parse().unwrap());
     let mut ls = listen::bind(cfg.api_addr, &cfg.api).await.unwrap();
     let Listener::Tcp(tcp) = ls.remove(0) else {
         panic!("tcp first")
@@ -44,6 +44,7 @@ async fn start_api_with(
         node_name: "edge-1".into(),
         cri,
         runtime: None,
+        streams: Default::default(),
     });
     let (tx, rx) = tokio::sync::watch::channel(false);
     tokio::spawn(api::serve(Listener::Tcp(tcp), state, rx));
@@ -53,7 +54,7 @@ async fn start_api_with(
 /// A request through edgehub's own CLI client (blocking, so off the async workers).
 async fn call(addr: SocketAddr, method: &'static str, path: &str) -> Answer {
     let c = LocalClient {
-        addr,
+        target: Target::Tcp(addr),
         token: None,
         timeout: Duration::from_secs(10),
     };
@@ -338,7 +339,7 @@ async fn bearer_token_guards_everything_but_health() {
     assert_eq!(call(api.addr, "GET", "/v1/healthz").await.status, 200);
     assert_eq!(call(api.addr, "GET", "/v1/readyz").await.status, 200);
     let c = LocalClient {
-        addr: api.addr,
+        target: Target::Tcp(api.addr),
         token: Some("s3cret".into()),
         timeout: Duration::from_secs(5),
     };
@@ -348,7 +349,7 @@ async fn bearer_token_guards_everything_but_health() {
         .unwrap();
     assert_eq!(a.status, 200);
     let c = LocalClient {
-        addr: api.addr,
+        target: Target::Tcp(api.addr),
         token: Some("s3cre".into()),
         timeout: Duration::from_secs(5),
     };
@@ -357,6 +358,341 @@ async fn bearer_token_guards_everything_but_health() {
         .unwrap()
         .unwrap();
     assert_eq!(a.status, 401);
+    h.stop().await;
+}
+
+/// What a web page in a browser on the device sends, over plain HTTP: a cross-origin POST (a
+/// CORS "simple request", which a browser sends without asking first), and the reads of a
+/// page whose host name was re-pointed at 127.0.0.1 (DNS rebinding: same-origin to the
+/// browser, so no `Origin`, but its own name in `Host`). Each gets a 403 that says why and
+/// records nothing, with or without a token configured; the OTA manager's requests (curl, or
+/// edgehub's CLI) are served as before.
+#[tokio::test]
+async fn web_pages_and_foreign_hosts_get_a_403_that_says_why() {
+    let mut h = Harness::new().await;
+    roll_telemetry(&h);
+    h.start();
+    h.wait_converged().await;
+    for token in [None, Some("s3cret")] {
+        let api = start_api(&h, token).await;
+        let port = api.addr.port();
+        let auth = token
+            .map(|t| format!("Authorization: Bearer {t}\r\n"))
+            .unwrap_or_default();
+        let upgrade = "/openyurt.io/v1/namespaces/vehicle/pods/telemetry-sv74m/upgrade";
+        let req = |method: &str, path: &str, headers: &str| {
+            format!("{method} {path} HTTP/1.1\r\n{headers}{auth}Content-Length: 0\r\nConnection: close\r\n\r\n")
+        };
+        let refused: Vec<(String, &str)> = vec![
+            // The cross-origin POSTs a page can make, as Chromium sends them.
+            (
+                req("POST", upgrade, &format!("Host: 127.0.0.1:{port}\r\nOrigin: http://127.0.0.2:8000\r\nSec-Fetch-Site: cross-site\r\nContent-Type: text/plain\r\n")),
+                "requests from web pages are refused",
+            ),
+            (
+                req("POST", &upgrade.replace("upgrade", "imagepull"), &format!("Host: localhost:{port}\r\nOrigin: null\r\n")),
+                "requests from web pages are refused",
+            ),
+            // A cross-site GET without Origin (an <img src>): its Sec-Fetch-Site gives it away.
+            (
+                req("GET", "/pods", &format!("Host: 127.0.0.1:{port}\r\nSec-Fetch-Site: cross-site\r\n")),
+                "requests from web pages are refused",
+            ),
+            // DNS rebinding: the page's own name in Host.
+            (
+                req("GET", "/pods", &format!("Host: attacker.example:{port}\r\n")),
+                "Host header must name a loopback address or localhost",
+            ),
+            (
+                req("GET", "/v1/status", &format!("Host: 127.0.0.1.nip.io:{port}\r\n")),
+                "Host header must name a loopback address or localhost",
+            ),
+            (
+                req("POST", upgrade, &format!("Host: attacker.example:{port}\r\n")),
+                "Host header must name a loopback address or localhost",
+            ),
+            // No Host at all (HTTP/1.0 allows it; no browser sends it).
+            (
+                format!("GET /pods HTTP/1.0\r\n{auth}\r\n"),
+                "Host header must name a loopback address or localhost",
+            ),
+        ];
+        for (raw, why) in &refused {
+            let r = raw_exchange(api.addr, raw.as_bytes()).await;
+            assert!(
+                r.starts_with("HTTP/1") && r[9..].starts_with("403"),
+                "{raw}\n=> {r}"
+            );
+            assert!(r.contains(why), "{raw}\n=> {r}");
+            assert!(!r.contains("PodList") && !r.contains("telemetry"), "{r}");
+        }
+        // Nothing was recorded.
+        let c = LocalClient {
+            target: Target::Tcp(api.addr),
+            token: token.map(str::to_string),
+            timeout: Duration::from_secs(10),
+        };
+        let a = tokio::task::spawn_blocking(move || c.get(upgrade))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(a.status, 404, "no upgrade was requested: {}", a.body);
+        // Loopback names and addresses, as the OTA manager writes them, are served.
+        for host in [
+            format!("127.0.0.1:{port}"),
+            format!("localhost:{port}"),
+            "LOCALHOST".to_string(),
+            "127.0.0.1".to_string(),
+            format!("[::1]:{port}"),
+        ] {
+            let r = raw_exchange(
+                api.addr,
+                req(
+                    "GET",
+                    "/pods",
+                    &format!("Host: {host}\r\nSec-Fetch-Site: none\r\n"),
+                )
+                .as_bytes(),
+            )
+            .await;
+            assert!(
+                r.starts_with("HTTP/1.1 200"),
+                "{host}: {}",
+                &r[..r.len().min(300)]
+            );
+        }
+    }
+    h.stop().await;
+}
+
+/// Writes a log file for the telemetry pod's `app` container, as containerd would.
+fn telemetry_log(h: &Harness) {
+    let uid = h
+        .store()
+        .get(Kind::Pod, "vehicle", "telemetry-sv74m")
+        .unwrap()
+        .unwrap()
+        .index
+        .uid;
+    let dir = edgehub::logs::pod_log_dir(&h.config.data_dir, &uid).unwrap();
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("app_0.log"),
+        "2026-01-01T00:00:00.000000000Z stdout F hello\n",
+    )
+    .unwrap();
+}
+
+/// Sends a request and reads the response head (and what of the body came with it).
+async fn open_exchange(addr: SocketAddr, req: &str) -> (tokio::net::TcpStream, String) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let mut n = 0;
+    while !buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut buf[n..]).await {
+            Ok(0) | Err(_) => break,
+            Ok(k) => n += k,
+        }
+    }
+    (s, String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+/// `edgehub logs -f` holds its connection for as long as the container writes. 65 followers
+/// (a buggy dashboard, a hostile local process) used to take all 64 connections, and the OTA
+/// manager's upgrade request waited in the kernel's queue for as long as they stayed. Now
+/// followers have a budget of their own: those beyond it get a 429 at once, the connections
+/// stay free for short requests, and the upgrade request is answered while the followers run.
+/// A follower whose log stays quiet for the idle limit is ended.
+#[tokio::test]
+async fn sixty_five_log_followers_leave_room_for_the_ota_manager() {
+    let mut h = Harness::new().await;
+    roll_telemetry(&h);
+    h.start();
+    h.wait_converged().await;
+    telemetry_log(&h);
+    let api = start_api(&h, None).await;
+    let follow = "GET /v1/namespaces/vehicle/pods/telemetry-sv74m/log?follow=true HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+    let mut opening = Vec::new();
+    for _ in 0..65 {
+        let addr = api.addr;
+        opening.push(tokio::spawn(async move {
+            tokio::time::timeout(Duration::from_secs(10), open_exchange(addr, follow)).await
+        }));
+    }
+    let mut streams = Vec::new();
+    let (mut following, mut refused, mut unanswered) = (0, 0, 0);
+    for o in opening {
+        match o.await.unwrap() {
+            Ok((s, head)) if head.starts_with("HTTP/1.1 200") => {
+                following += 1;
+                streams.push(s);
+            }
+            Ok((_, head)) if head.starts_with("HTTP/1.1 429") => {
+                assert!(head.contains("log streams are followed at once"), "{head}");
+                refused += 1;
+            }
+            Ok((_, head)) => panic!("a follower got {head}"),
+            Err(_) => unanswered += 1,
+        }
+    }
+    assert_eq!(
+        unanswered, 0,
+        "every follower got an answer ({following} following)"
+    );
+    assert_eq!(
+        (following, refused),
+        (api::MAX_FOLLOWERS, 65 - api::MAX_FOLLOWERS),
+        "followers beyond their budget are refused at once"
+    );
+    // With every follower still streaming, the OTA manager is served.
+    let c = LocalClient {
+        target: Target::Tcp(api.addr),
+        token: None,
+        timeout: Duration::from_secs(5),
+    };
+    let a = tokio::task::spawn_blocking(move || {
+        c.post("/openyurt.io/v1/namespaces/vehicle/pods/telemetry-sv74m/upgrade")
+    })
+    .await
+    .unwrap()
+    .expect("the upgrade request is answered while 65 followers are connected");
+    assert_eq!(a.status, 200, "{}", a.body);
+    // A follower that ends frees its place for the next.
+    drop(streams.pop());
+    let addr = api.addr;
+    // (The server notices the closed connection at its next poll of the log.)
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (s, head) = open_exchange(addr, follow).await;
+        if head.starts_with("HTTP/1.1 200") {
+            streams.push(s);
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a new follower is let in once one left: {head}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(streams);
+
+    // The idle limit: a follower of a log nobody writes to is ended.
+    let mut quick = h.config.clone();
+    quick.api_addr = Some("127.0.0.1:0".parse().unwrap());
+    let Listener::Tcp(tcp) = listen::bind(quick.api_addr, &quick.api)
+        .await
+        .unwrap()
+        .remove(0)
+    else {
+        panic!("tcp first")
+    };
+    let addr = tcp.local_addr().unwrap();
+    let state = Arc::new(ApiState {
+        store: h.store.clone().unwrap(),
+        link: h.sync().link.clone(),
+        sync_stats: vec![],
+        metrics: Default::default(),
+        token: None,
+        node_name: "edge-1".into(),
+        cri: ready_runtime(),
+        runtime: None,
+        streams: api::Streams::new(api::MAX_FOLLOWERS, Duration::from_millis(500)),
+    });
+    let (_stop, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(api::serve(Listener::Tcp(tcp), state, rx));
+    let (mut s, head) = open_exchange(addr, follow).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut rest))
+        .await
+        .expect("the idle follower is ended")
+        .unwrap();
+    let whole = head + &String::from_utf8_lossy(&rest);
+    assert!(whole.contains("hello"), "{whole}");
+    h.stop().await;
+}
+
+/// RFC 7235 and 6750: a 401 says which scheme to use, the scheme's name is case-insensitive,
+/// and an unauthenticated client learns nothing about the routes or names behind the token
+/// (no 400 for a bad name, no 405 for a wrong method, no 404 for an unknown path).
+#[tokio::test]
+async fn a_401_names_the_bearer_scheme_and_comes_before_any_name_check() {
+    let mut h = Harness::new().await;
+    h.start();
+    h.wait_converged().await;
+    let api = start_api(&h, Some("s3cret")).await;
+    let head = |method: &str, path: &str, auth: Option<&str>| {
+        let auth = auth
+            .map(|a| format!("Authorization: {a}\r\n"))
+            .unwrap_or_default();
+        format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}Connection: close\r\n\r\n")
+    };
+    let r = raw_exchange(api.addr, head("GET", "/pods", None).as_bytes()).await;
+    assert!(r.starts_with("HTTP/1.1 401"), "{r}");
+    let lower = r.to_ascii_lowercase();
+    assert!(
+        lower.contains("\r\nwww-authenticate: bearer"),
+        "the 401 names its scheme: {r}"
+    );
+    let r = raw_exchange(
+        api.addr,
+        head("GET", "/pods", Some("Bearer wrong")).as_bytes(),
+    )
+    .await;
+    assert!(r.starts_with("HTTP/1.1 401"), "{r}");
+    assert!(
+        r.to_ascii_lowercase().contains("error=\"invalid_token\""),
+        "a token that was sent and refused is named so: {r}"
+    );
+    for scheme in ["Bearer", "bearer", "BEARER", "bEaReR"] {
+        let r = raw_exchange(
+            api.addr,
+            head("GET", "/pods", Some(&format!("{scheme} s3cret"))).as_bytes(),
+        )
+        .await;
+        assert!(
+            r.starts_with("HTTP/1.1 200"),
+            "{scheme}: {}",
+            &r[..r.len().min(200)]
+        );
+    }
+    // Names, methods and paths are looked at only once the client is authenticated.
+    for (method, path, with_token) in [
+        (
+            "POST",
+            "/openyurt.io/v1/namespaces/Bad_NS/pods/p/upgrade",
+            400,
+        ),
+        (
+            "POST",
+            "/openyurt.io/v1/namespaces/vehicle/pods/UPPER/upgrade",
+            400,
+        ),
+        ("DELETE", "/pods", 405),
+        (
+            "GET",
+            "/openyurt.io/v1/namespaces/vehicle/pods/p/imagepull",
+            405,
+        ),
+        ("GET", "/no/such/route", 404),
+        ("GET", "/v1/namespaces/vehicle/pods/Bad_Name/log", 400),
+    ] {
+        let r = raw_exchange(api.addr, head(method, path, None).as_bytes()).await;
+        assert!(r.starts_with("HTTP/1.1 401"), "{method} {path}: {r}");
+        let r = raw_exchange(
+            api.addr,
+            head(method, path, Some("Bearer s3cret")).as_bytes(),
+        )
+        .await;
+        assert!(
+            r.starts_with(&format!("HTTP/1.1 {with_token}")),
+            "{method} {path} with the token: {r}"
+        );
+    }
+    // The health probes stay open, as before.
+    let r = raw_exchange(api.addr, head("GET", "/v1/healthz", None).as_bytes()).await;
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
     h.stop().await;
 }
 
@@ -377,14 +713,14 @@ async fn hostile_requests_get_short_errors() {
 
     let r = raw_exchange(
         api.addr,
-        b"DELETE /pods HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        b"DELETE /pods HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
     )
     .await;
     assert!(r.starts_with("HTTP/1.1 405"), "{r}");
     assert!(r.to_ascii_lowercase().contains("allow: get"), "{r}");
 
     let big_header = format!(
-        "GET /pods HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+        "GET /pods HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: {}\r\n\r\n",
         "a".repeat(40_000)
     );
     let r = raw_exchange(api.addr, big_header.as_bytes()).await;
@@ -392,14 +728,14 @@ async fn hostile_requests_get_short_errors() {
 
     let body = "x".repeat(100_000);
     let req = format!(
-        "POST /openyurt.io/v1/namespaces/vehicle/pods/telemetry-sv74m/upgrade HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "POST /openyurt.io/v1/namespaces/vehicle/pods/telemetry-sv74m/upgrade HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     let r = raw_exchange(api.addr, req.as_bytes()).await;
     assert!(r.starts_with("HTTP/1.1 413"), "{r}");
 
     let long = format!(
-        "GET /{} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        "GET /{} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
         "p".repeat(3000)
     );
     let r = raw_exchange(api.addr, long.as_bytes()).await;
@@ -410,7 +746,7 @@ async fn hostile_requests_get_short_errors() {
 
     // A client that never finishes its request head is cut off by the header timeout.
     let start = std::time::Instant::now();
-    let r = raw_exchange(api.addr, b"GET /pods HTTP/1.1\r\nHost: x\r\n").await;
+    let r = raw_exchange(api.addr, b"GET /pods HTTP/1.1\r\nHost: 127.0.0.1\r\n").await;
     assert!(
         start.elapsed() < Duration::from_secs(8),
         "connection closed by the server"
@@ -430,7 +766,7 @@ async fn unix_socket_with_mode() {
     h.wait_converged().await;
     let sock = h.dir.path().join("run/api.sock");
     let mut cfg = h.config.clone();
-    cfg.api_addr = "127.0.0.1:0".parse().unwrap();
+    cfg.api_addr = Some("127.0.0.1:0".parse().unwrap());
     cfg.api.socket = Some(sock.clone());
     cfg.api.socket_mode = 0o600;
     cfg.api.socket_group = Some("root".into());
@@ -449,6 +785,7 @@ async fn unix_socket_with_mode() {
         node_name: "edge-1".into(),
         cri: ready_runtime(),
         runtime: None,
+        streams: Default::default(),
     });
     let (_tx, rx) = tokio::sync::watch::channel(false);
     for l in ls {
@@ -470,6 +807,73 @@ async fn unix_socket_with_mode() {
     std::fs::write(&file, "x").unwrap();
     cfg.api.socket = Some(file);
     assert!(listen::bind(cfg.api_addr, &cfg.api).await.is_err());
+    h.stop().await;
+}
+
+/// The unix socket is only a boundary when TCP is off: with `api_addr = "none"` the API is
+/// on the socket alone (its mode and group decide who talks to edgehub), no TCP port is
+/// bound, and edgehub's own client reaches it there. "none" without a socket is refused, as
+/// nothing could reach the API.
+#[tokio::test]
+async fn with_tcp_off_the_api_is_on_the_unix_socket_alone() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut h = Harness::new().await;
+    h.start();
+    h.wait_converged().await;
+    let sock = h.dir.path().join("run/api.sock");
+    let flags = edgehub::config::Overrides {
+        node_name: Some("edge-1".into()),
+        data_dir: Some(h.config.data_dir.clone()),
+        kubeconfig: Some(h.config.kubeconfig.clone()),
+        ..Default::default()
+    };
+    let resolve = |text: &str| {
+        edgehub::config::Config::resolve(
+            Some(text),
+            std::path::Path::new("edgehub.toml"),
+            &[],
+            &flags,
+            None,
+        )
+    };
+    let e = resolve("api_addr = \"none\"\n").unwrap_err().to_string();
+    assert!(e.contains("api_addr") && e.contains("api.socket"), "{e}");
+    let cfg = resolve(&format!(
+        "api_addr = \"none\"\n[api]\nsocket = \"{}\"\nsocket_mode = \"0660\"\n",
+        sock.display()
+    ))
+    .unwrap();
+    assert_eq!(cfg.api_addr, None);
+    let ls = listen::bind(cfg.api_addr, &cfg.api).await.unwrap();
+    assert_eq!(ls.len(), 1, "the socket only");
+    assert!(matches!(ls[0], Listener::Unix(_)), "no TCP listener");
+    assert_eq!(
+        std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777,
+        0o660
+    );
+    let state = Arc::new(ApiState {
+        store: h.store.clone().unwrap(),
+        link: h.sync().link.clone(),
+        sync_stats: vec![],
+        metrics: Default::default(),
+        token: None,
+        node_name: "edge-1".into(),
+        cri: ready_runtime(),
+        runtime: None,
+        streams: Default::default(),
+    });
+    let (_tx, rx) = tokio::sync::watch::channel(false);
+    for l in ls {
+        tokio::spawn(api::serve(l, state.clone(), rx.clone()));
+    }
+    let c = LocalClient::for_config(&cfg, None, Duration::from_secs(5));
+    assert_eq!(c.target, Target::Unix(sock.clone()));
+    let a = tokio::task::spawn_blocking(move || c.get("/pods"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert!(a.body.contains("PodList"));
     h.stop().await;
 }
 
@@ -611,7 +1015,7 @@ async fn a_hung_runtime_gets_a_503_that_names_it_and_records_nothing() {
         }
     });
     let mut cfg = h.config.clone();
-    cfg.api_addr = "127.0.0.1:0".parse().unwrap();
+    cfg.api_addr = Some("127.0.0.1:0".parse().unwrap());
     let mut ls = listen::bind(cfg.api_addr, &cfg.api).await.unwrap();
     let Listener::Tcp(tcp) = ls.remove(0) else {
         panic!("tcp first")
@@ -626,13 +1030,14 @@ async fn a_hung_runtime_gets_a_503_that_names_it_and_records_nothing() {
         node_name: "edge-1".into(),
         cri: ready_runtime(),
         runtime: Some(edgehub::cri::CriClient::new(&sock)),
+        streams: Default::default(),
     });
     let (_stop, rx) = tokio::sync::watch::channel(false);
     tokio::spawn(api::serve(Listener::Tcp(tcp), state, rx));
 
     let path = "/openyurt.io/v1/namespaces/vehicle/pods/telemetry-sv74m/upgrade";
     let c = LocalClient {
-        addr,
+        target: Target::Tcp(addr),
         token: None,
         timeout: Duration::from_secs(30),
     };
@@ -649,5 +1054,170 @@ async fn a_hung_runtime_gets_a_503_that_names_it_and_records_nothing() {
     let a = call(addr, "GET", path).await;
     assert_eq!(a.status, 404, "nothing was recorded: {}", a.body);
     hung.abort();
+    h.stop().await;
+}
+
+/// The headless browser the web-page test drives (Debian's `chromium`, which
+/// `scripts/setup.sh test` installs). Without it the test fails: it never skips.
+fn chromium() -> std::path::PathBuf {
+    let names = ["chromium", "chromium-browser", "google-chrome"];
+    let found = std::env::var_os("EDGEHUB_CHROMIUM")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            let path = std::env::var_os("PATH").unwrap_or_default();
+            std::env::split_paths(&path)
+                .flat_map(|d| names.iter().map(move |n| d.join(n)))
+                .find(|p| p.is_file())
+        });
+    found.unwrap_or_else(|| {
+        panic!(
+            "this test drives a real headless browser and found none ({} on PATH, or \
+             EDGEHUB_CHROMIUM): run `bash scripts/setup.sh test`, which installs Debian's chromium",
+            names.join(", ")
+        )
+    })
+}
+
+/// A web server on another loopback origin (127.0.0.2): the hostile page. Serves `page` at
+/// `/`, and records the paths the page reports back to.
+async fn hostile_site(page: String) -> (SocketAddr, Arc<std::sync::Mutex<Vec<String>>>) {
+    let l = tokio::net::TcpListener::bind("127.0.0.2:0")
+        .await
+        .expect("127.0.0.2 is a loopback address on Linux");
+    let addr = l.local_addr().unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let (page, log) = (page.clone(), log.clone());
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 8192];
+                let mut n = 0;
+                while !buf[..n].windows(4).any(|w| w == b"\r\n\r\n") && n < buf.len() {
+                    match s.read(&mut buf[n..]).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(k) => n += k,
+                    }
+                }
+                let head = String::from_utf8_lossy(&buf[..n]).to_string();
+                let path = head.split(' ').nth(1).unwrap_or("").to_string();
+                log.lock().unwrap().push(path.clone());
+                let (ctype, body) = if path == "/" {
+                    ("text/html", page)
+                } else {
+                    ("text/plain", "ok".to_string())
+                };
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = s.write_all(resp.as_bytes()).await;
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// A real browser on the device, on a page of another loopback origin, tries what a hostile
+/// page would: a cross-origin `POST .../upgrade` and `.../imagepull` (CORS simple requests,
+/// which a browser sends without a preflight; the page cannot read the answer, but the
+/// upgrade would start), then the read a DNS-rebinding page gets: the page's own host name,
+/// re-pointed at 127.0.0.1 (here by the browser's resolver rules), loaded as a top-level page
+/// (same-origin to the browser: no `Origin`, the page's name in `Host`), whose text the
+/// rebound page's script could read. edgehub serves neither: the requests reach it and get a
+/// 403, no upgrade or pre-pull is recorded, and the rebound page shows the 403, not the pods.
+#[tokio::test]
+async fn a_web_page_in_a_real_browser_can_neither_start_an_upgrade_nor_read_the_pods() {
+    let browser = chromium();
+    let mut h = Harness::new().await;
+    roll_telemetry(&h);
+    h.start();
+    h.wait_converged().await;
+    let api = start_api(&h, None).await;
+    let port = api.addr.port();
+    let pod = "/openyurt.io/v1/namespaces/vehicle/pods/telemetry-sv74m";
+    let page = format!(
+        r#"<!doctype html><title>hostile</title><script>
+(async () => {{
+  const api = "http://127.0.0.1:{port}{pod}";
+  const out = [];
+  for (const action of ["upgrade", "imagepull"]) {{
+    try {{
+      await fetch(api + "/" + action, {{method: "POST", mode: "no-cors", body: "x"}});
+      out.push(action + "-sent");
+    }} catch (e) {{
+      out.push(action + "-failed");
+    }}
+  }}
+  await fetch("/done?" + out.join(","));
+  location.href = "http://rebind.test:{port}/pods";
+}})();
+</script>"#
+    );
+    let (site, seen) = hostile_site(page).await;
+    let profile = tempfile::tempdir().unwrap();
+    let run = tokio::process::Command::new(&browser)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-extensions",
+            "--disable-features=HttpsUpgrades",
+            "--host-resolver-rules=MAP rebind.test 127.0.0.1",
+            "--virtual-time-budget=10000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .arg("--dump-dom")
+        .arg(format!("http://{site}/"))
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("chromium finishes within 60 s")
+        .expect("chromium runs");
+    let dom = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    // The page ran: it reported that both POSTs were sent (a no-cors fetch settles once the
+    // answer came, whatever it was).
+    let seen = seen.lock().unwrap().clone();
+    assert!(
+        seen.iter()
+            .any(|p| p == "/done?upgrade-sent,imagepull-sent"),
+        "the hostile page ran and sent both POSTs: {seen:?}\n{stderr}"
+    );
+    // The rebound page is edgehub's refusal, not the pod list.
+    assert!(
+        dom.contains("Host header must name a loopback address or localhost"),
+        "the rebound page: {}\n{stderr}",
+        &dom[..dom.len().min(600)]
+    );
+    assert!(
+        !dom.contains("PodList") && !dom.contains("telemetry-sv74m"),
+        "{}",
+        &dom[..dom.len().min(600)]
+    );
+    // The requests reached edgehub and were refused, and nothing was recorded.
+    let m = call(api.addr, "GET", "/metrics").await.body;
+    let refused: u64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix("edgehub_api_requests_total{route=\"refused\",code=\"403\"} "))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    // Two POSTs and the rebound page (and the browser's request for its favicon).
+    assert!(
+        refused >= 3,
+        "the requests reached edgehub and were refused: {m}"
+    );
+    let a = call(api.addr, "GET", &format!("{pod}/upgrade")).await;
+    assert_eq!(a.status, 404, "no upgrade recorded: {}", a.body);
+    assert!(
+        h.store().active_requests().unwrap().is_empty(),
+        "no upgrade or pre-pull was requested"
+    );
     h.stop().await;
 }

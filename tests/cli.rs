@@ -306,7 +306,7 @@ async fn sighup_is_caught_and_edgehub_keeps_running() {
     assert!(line.contains("keeps running"), "{line}");
     assert!(child.try_wait().unwrap().is_none(), "still running");
     let client = edgehub::local_client::LocalClient {
-        addr: format!("127.0.0.1:{port}").parse().unwrap(),
+        target: edgehub::local_client::Target::Tcp(format!("127.0.0.1:{port}").parse().unwrap()),
         token: None,
         timeout: std::time::Duration::from_secs(5),
     };

@@ -157,7 +157,9 @@ fn the_documents_link_only_to_files_that_exist() {
                 };
                 let target = &after[..close];
                 rest = &after[close..];
-                if target.contains("://") || target.starts_with('#') || target.starts_with("mailto:")
+                if target.contains("://")
+                    || target.starts_with('#')
+                    || target.starts_with("mailto:")
                 {
                     continue;
                 }
@@ -172,5 +174,9 @@ fn the_documents_link_only_to_files_that_exist() {
             }
         }
     }
-    assert!(broken.is_empty(), "links to nothing:\n{}", broken.join("\n"));
+    assert!(
+        broken.is_empty(),
+        "links to nothing:\n{}",
+        broken.join("\n")
+    );
 }

@@ -117,7 +117,7 @@ impl Env {
 
     fn client(&self) -> LocalClient {
         LocalClient {
-            addr: self.addr,
+            target: edgehub::local_client::Target::Tcp(self.addr),
             token: None,
             timeout: Duration::from_secs(10),
         }

@@ -657,6 +657,108 @@ fn kas_file_pins_bitbake_oe_core_and_the_layer_for_qemuarm64() {
         .contains("TCLIBC = \"musl\""));
 }
 
+/// The settings of a unit's `[Service]` section that make systemd run the service in a mount
+/// namespace of its own (systemd's `exec_needs_mount_namespace()`), as `Key=value` lines.
+fn mount_namespace_settings(unit: &str) -> Vec<String> {
+    // Booleans that create one when true.
+    const BOOLEANS: &[&str] = &[
+        "PrivateTmp",
+        "PrivateDevices",
+        "PrivateMounts",
+        "PrivateNetwork",
+        "PrivateIPC",
+        "ProtectKernelTunables",
+        "ProtectKernelModules",
+        "ProtectKernelLogs",
+        "ProtectControlGroups",
+        "MountAPIVFS",
+        "DynamicUser",
+    ];
+    // Settings that create one whenever they are set, to anything but their default.
+    const ANY: &[(&str, &str)] = &[
+        ("ProtectSystem", "no"),
+        ("ProtectHome", "no"),
+        ("ProtectProc", "default"),
+        ("ProcSubset", "all"),
+        ("MountFlags", "shared"),
+    ];
+    // Settings that create one whenever they are present.
+    const PRESENT: &[&str] = &[
+        "ReadWritePaths",
+        "ReadOnlyPaths",
+        "InaccessiblePaths",
+        "ExecPaths",
+        "NoExecPaths",
+        "BindPaths",
+        "BindReadOnlyPaths",
+        "TemporaryFileSystem",
+        "RootDirectory",
+        "RootImage",
+        "MountImages",
+        "ExtensionImages",
+        "ExtensionDirectories",
+        "NetworkNamespacePath",
+        "IPCNamespacePath",
+        "LogNamespace",
+        "JoinsNamespaceOf",
+    ];
+    let truthy = |v: &str| ["yes", "true", "on", "1"].contains(&v.to_ascii_lowercase().as_str());
+    unit.lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with('#') && !l.starts_with(';'))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.trim(), v.trim()))
+        .filter(|(k, v)| {
+            (BOOLEANS.contains(k) && (truthy(v) || (*k == "PrivateTmp" && *v == "disconnected")))
+                || ANY.iter().any(|(name, default)| {
+                    k == name && !v.eq_ignore_ascii_case(default) && !v.is_empty()
+                })
+                || (PRESENT.contains(k) && !v.is_empty())
+        })
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect()
+}
+
+/// The check above catches what the shipped unit had, and each kind of setting.
+#[test]
+fn the_mount_namespace_check_knows_the_settings_that_create_one() {
+    let old = "[Service]\nNoNewPrivileges=yes\nProtectSystem=full\nPrivateTmp=yes\n\
+               ProtectKernelModules=yes\nProtectKernelLogs=yes\nProtectClock=yes\n\
+               ProtectHostname=yes\n";
+    assert_eq!(
+        mount_namespace_settings(old),
+        [
+            "ProtectSystem=full",
+            "PrivateTmp=yes",
+            "ProtectKernelModules=yes",
+            "ProtectKernelLogs=yes"
+        ]
+    );
+    for bad in [
+        "ProtectHome=read-only",
+        "ReadOnlyPaths=/etc",
+        "PrivateDevices=true",
+        "MountFlags=slave",
+        "TemporaryFileSystem=/var",
+    ] {
+        assert_eq!(mount_namespace_settings(bad), [bad]);
+    }
+    for fine in [
+        "ProtectSystem=no",
+        "PrivateTmp=no",
+        "MountFlags=shared",
+        "# ProtectSystem=full",
+        "ProtectClock=yes",
+        "SystemCallFilter=~@module",
+    ] {
+        assert_eq!(
+            mount_namespace_settings(fine),
+            Vec::<String>::new(),
+            "{fine}"
+        );
+    }
+}
+
 #[test]
 fn systemd_unit_is_notify_restart_always_hardened_and_verifies() {
     let unit = read(&format!("{RECIPE_DIR}/files/edgehub.service"));
@@ -665,12 +767,18 @@ fn systemd_unit_is_notify_restart_always_hardened_and_verifies() {
         "Restart=always",
         "StateDirectory=edgehub",
         "NoNewPrivileges=yes",
-        "ProtectSystem=full",
-        "PrivateTmp=yes",
+        "CapabilityBoundingSet=~CAP_SYS_MODULE CAP_SYSLOG",
+        "SystemCallFilter=~@module",
         "ExecStart=/usr/bin/edgehub run",
     ] {
         assert!(unit.lines().any(|l| l == want), "unit lacks {want}");
     }
+    assert_eq!(
+        mount_namespace_settings(&unit),
+        Vec::<String>::new(),
+        "these settings give edgehub a mount namespace of its own, whose tmpfs volumes \
+         containerd cannot see (tests/security.rs shows what that does to a pod's token)"
+    );
     // systemd's own parser, with ExecStart pointed at a binary that exists here.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("edgehub.service");

@@ -226,7 +226,7 @@ pub fn http(addr: &str, method: &str, path: &str) -> (u16, String) {
     };
     let _ = s.set_read_timeout(Some(Duration::from_secs(30)));
     let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
     );
     if s.write_all(req.as_bytes()).is_err() {
         return (0, String::new());

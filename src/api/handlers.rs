@@ -330,6 +330,15 @@ pub fn status(state: &ApiState) -> Reply {
         }),
         (Err(e), _) | (_, Err(e)) => return Reply::internal("Get status failed", &e),
     };
+    let secrets = match state.store.seal_status() {
+        Ok(s) => json!({
+            "sealed": s.key.is_some(),
+            "key": s.key,
+            "rows": {"sealed": s.counts.sealed, "clear": s.counts.clear,
+                "unreadable": s.counts.unreadable},
+        }),
+        Err(e) => return Reply::internal("Get status failed", &e),
+    };
     let body = json!({
         "node": state.node_name,
         "link": link_json(&state.link.borrow()),
@@ -341,6 +350,7 @@ pub fn status(state: &ApiState) -> Reply {
             "synced": synced},
         "activeRequests": active.iter().map(record_json).collect::<Vec<_>>(),
         "outbox": outbox,
+        "secrets": secrets,
     });
     Reply::json(200, body.to_string())
 }
@@ -458,5 +468,6 @@ pub fn metrics(state: &ApiState) -> Reply {
         content_type: "text/plain; version=0.0.4",
         body: out.into(),
         allow: None,
+        challenge: None,
     }
 }

@@ -1,5 +1,6 @@
 //! Opening the API's listeners: the TCP address, and optionally a unix socket with a file mode
-//! and group, so only the OTA manager's group can talk to edgehub.
+//! and group. The socket keeps other local users out only when TCP is off (`api_addr =
+//! "none"`): any local process can connect to a loopback port.
 
 use super::ApiConfig;
 use super::Listener;
@@ -21,12 +22,16 @@ pub enum ListenError {
     Token { path: PathBuf, reason: String },
 }
 
-/// Binds every configured listener: TCP on `addr`, and the unix socket if `api` names one.
-pub async fn bind(addr: SocketAddr, api: &ApiConfig) -> Result<Vec<Listener>, ListenError> {
-    let tcp = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| ListenError::Tcp { addr, source })?;
-    let mut out = vec![Listener::Tcp(tcp)];
+/// Binds every configured listener: TCP on `addr` unless `api_addr = "none"` turned it off
+/// (`None`), and the unix socket if `api` names one.
+pub async fn bind(addr: Option<SocketAddr>, api: &ApiConfig) -> Result<Vec<Listener>, ListenError> {
+    let mut out = Vec::new();
+    if let Some(addr) = addr {
+        let tcp = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| ListenError::Tcp { addr, source })?;
+        out.push(Listener::Tcp(tcp));
+    }
     if let Some(path) = &api.socket {
         out.push(Listener::Unix(bind_unix(
             path,

@@ -40,6 +40,10 @@ pub struct LogStream {
     namespace: String,
     name: String,
     uid: String,
+    /// A follower's place among the API's followers, released when the stream ends.
+    follower: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// A follower with nothing new for this long is ended.
+    idle: Duration,
 }
 
 impl std::fmt::Debug for LogStream {
@@ -114,6 +118,8 @@ pub fn open(
         namespace: namespace.to_string(),
         name: name.to_string(),
         uid: pod.index.uid,
+        follower: None,
+        idle: super::FOLLOW_IDLE,
     })
 }
 
@@ -125,6 +131,19 @@ fn reply(e: &LogsError) -> Reply {
 }
 
 impl LogStream {
+    /// Whether the request follows the log (`follow=true`): the stream lasts while the
+    /// container writes.
+    pub fn follows(&self) -> bool {
+        self.follow
+    }
+
+    /// Holds a follower's place for as long as the stream lasts, and ends the stream after
+    /// `idle` without anything new.
+    pub fn hold(&mut self, follower: tokio::sync::OwnedSemaphorePermit, idle: Duration) {
+        self.follower = Some(follower);
+        self.idle = idle;
+    }
+
     /// Starts the task that reads the log and returns the body it feeds. Must run inside the
     /// tokio runtime.
     pub fn into_body(self) -> LogBody {
@@ -162,6 +181,7 @@ type Step = std::io::Result<(Vec<u8>, usize, bool)>;
 
 async fn pump(mut log: LogStream, tx: mpsc::Sender<Bytes>) {
     let mut finishing = false;
+    let mut quiet_since = tokio::time::Instant::now();
     loop {
         let job = tokio::task::spawn_blocking(move || {
             let mut out = Vec::new();
@@ -197,13 +217,21 @@ async fn pump(mut log: LogStream, tx: mpsc::Sender<Bytes>) {
                 return;
             }
         };
-        if !out.is_empty() && tx.send(Bytes::from(out)).await.is_err() {
-            return; // The client went away.
+        if !out.is_empty() {
+            if tx.send(Bytes::from(out)).await.is_err() {
+                return; // The client went away.
+            }
+            quiet_since = tokio::time::Instant::now();
         }
         if n > 0 {
             continue;
         }
         if !log.follow || finishing {
+            break;
+        }
+        if quiet_since.elapsed() >= log.idle {
+            tracing::debug!(path = %log.path.display(), idle = ?log.idle,
+                "ending a log follow that had nothing new for its idle limit");
             break;
         }
         // Replaced: read what was written in the meantime, once more, then stop.

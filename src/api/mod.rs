@@ -8,6 +8,7 @@
 //! a header-read timeout and every request a deadline. Errors are short plain text, as
 //! OpenYurt's are.
 
+pub mod guard;
 pub mod handlers;
 pub mod listen;
 pub mod logs;
@@ -48,8 +49,42 @@ pub const MAX_BODY: usize = 64 << 10;
 pub const MAX_HEAD: usize = 16 << 10;
 /// Connections served at once; more wait in the kernel's accept queue.
 pub const MAX_CONNECTIONS: usize = 64;
+/// Logs followed at once (`edgehub logs -f`). A follower holds its connection for as long as
+/// the container writes, so followers are counted apart from [`MAX_CONNECTIONS`]: a follower
+/// gives its connection's place back once its stream starts, and those beyond this many get a
+/// 429 at once. 65 followers used to take all 64 connections, and the OTA manager's upgrade
+/// request waited in the accept queue for as long as they stayed.
+pub const MAX_FOLLOWERS: usize = 16;
+/// A follower whose log has had nothing new for this long is ended (a quiet container, or a
+/// client that forgot it), so followers cannot hold their places forever.
+pub const FOLLOW_IDLE: Duration = Duration::from_secs(300);
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The budget of long-lived log streams ([`MAX_FOLLOWERS`], [`FOLLOW_IDLE`]), shared by every
+/// listener.
+#[derive(Debug, Clone)]
+pub struct Streams {
+    followers: Arc<Semaphore>,
+    max: usize,
+    pub idle: Duration,
+}
+
+impl Streams {
+    pub fn new(max: usize, idle: Duration) -> Streams {
+        Streams {
+            followers: Arc::new(Semaphore::new(max)),
+            max,
+            idle,
+        }
+    }
+}
+
+impl Default for Streams {
+    fn default() -> Streams {
+        Streams::new(MAX_FOLLOWERS, FOLLOW_IDLE)
+    }
+}
 
 /// What the handlers share.
 pub struct ApiState {
@@ -65,6 +100,8 @@ pub struct ApiState {
     /// The container runtime itself, to check that an upgrade's images are on the node
     /// before accepting it offline; `None` skips the check.
     pub runtime: Option<crate::cri::CriClient>,
+    /// Followed logs, counted apart from connections.
+    pub streams: Streams,
 }
 
 /// A response before it becomes HTTP.
@@ -74,6 +111,8 @@ pub struct Reply {
     pub content_type: &'static str,
     pub body: Bytes,
     pub allow: Option<&'static str>,
+    /// For 401: the `WWW-Authenticate` challenge.
+    pub challenge: Option<&'static str>,
 }
 
 impl Reply {
@@ -83,6 +122,7 @@ impl Reply {
             content_type: "text/plain; charset=utf-8",
             body: Bytes::from(body.into()),
             allow: None,
+            challenge: None,
         }
     }
 
@@ -92,6 +132,7 @@ impl Reply {
             content_type: "application/json",
             body: Bytes::from(body.into()),
             allow: None,
+            challenge: None,
         }
     }
 
@@ -102,26 +143,12 @@ impl Reply {
     }
 }
 
-/// Compares without an early exit, so the token cannot be guessed byte by byte from timing.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-fn authorized(state: &ApiState, req: &Request<Incoming>) -> bool {
-    let Some(token) = &state.token else {
-        return true;
-    };
-    req.headers()
-        .get(hyper::header::AUTHORIZATION)
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
-        .is_some_and(|t| constant_time_eq(t, token.as_bytes()))
-}
-
 /// What a request gets: a whole reply, or a log streamed as it is read.
 #[derive(Debug)]
 pub enum Answer {
     Reply(Reply),
-    Logs(logs::LogStream),
+    /// Boxed: a stream is several times the size of a reply, and most answers are replies.
+    Logs(Box<logs::LogStream>),
 }
 
 impl Answer {
@@ -153,7 +180,21 @@ fn dispatch(state: &ApiState, route: &Route, query: Option<&str>) -> Answer {
         Route::Metrics => handlers::metrics(state),
         Route::Logs { namespace, name } => {
             return match logs::open(state, namespace, name, query) {
-                Ok(stream) => Answer::Logs(stream),
+                Ok(stream) if !stream.follows() => Answer::Logs(Box::new(stream)),
+                Ok(mut stream) => match state.streams.followers.clone().try_acquire_owned() {
+                    Ok(permit) => {
+                        stream.hold(permit, state.streams.idle);
+                        Answer::Logs(Box::new(stream))
+                    }
+                    Err(_) => Answer::Reply(Reply::text(
+                        429,
+                        format!(
+                            "Too many log streams are followed at once (at most {}); try again \
+                             when one ends, or read the log without following it",
+                            state.streams.max
+                        ),
+                    )),
+                },
                 Err(reply) => Answer::Reply(reply),
             }
         }
@@ -161,22 +202,55 @@ fn dispatch(state: &ApiState, route: &Route, query: Option<&str>) -> Answer {
     Answer::Reply(reply)
 }
 
-/// Handles one request: route, authenticate, drain the (capped) body, dispatch, count.
-pub async fn handle(state: Arc<ApiState>, req: Request<Incoming>) -> Answer {
+/// Handles one request: refuse web pages and foreign hosts, authenticate, route, drain the
+/// (capped) body, dispatch, count. Both checks come before the router, so a page or a client
+/// without the token learns nothing of the routes and names behind them ([`guard`]).
+pub async fn handle(state: Arc<ApiState>, req: Request<Incoming>, via: guard::Via) -> Answer {
     let method = req.method().as_str().to_string();
     let query = req.uri().query().map(str::to_string);
-    let (route_name, answer) = match router::route(&method, req.uri().path()) {
-        Err(r) => (
-            "rejected",
-            Answer::Reply(Reply {
-                allow: r.allow,
-                ..Reply::text(r.status, r.message)
-            }),
-        ),
-        Ok(route) if route.needs_auth() && !authorized(&state, &req) => (
-            route.name(),
-            Answer::Reply(Reply::text(401, "Unauthorized")),
-        ),
+    let headers = req.headers();
+    let one = |name: hyper::header::HeaderName| {
+        let mut all = headers.get_all(name).iter();
+        match (all.next(), all.next()) {
+            (Some(v), None) => Some(v.as_bytes()),
+            _ => None,
+        }
+    };
+    let admitted = guard::check_origin_and_host(
+        headers.get(hyper::header::ORIGIN).map(|v| v.as_bytes()),
+        headers.get("sec-fetch-site").map(|v| v.as_bytes()),
+        one(hyper::header::HOST),
+        via,
+    );
+    let auth = guard::authenticate(
+        state.token.as_deref().map(str::as_bytes),
+        req.headers()
+            .get(hyper::header::AUTHORIZATION)
+            .map(|v| v.as_bytes()),
+    );
+    let routed = if let Err(r) = admitted {
+        Err(("refused", Reply::text(r.status, r.message)))
+    } else if auth != guard::Auth::Ok && !guard::is_open_path(req.uri().path()) {
+        Err((
+            "unauthorized",
+            Reply {
+                challenge: Some(guard::challenge(auth)),
+                ..Reply::text(401, "Unauthorized")
+            },
+        ))
+    } else {
+        router::route(&method, req.uri().path()).map_err(|r| {
+            (
+                "rejected",
+                Reply {
+                    allow: r.allow,
+                    ..Reply::text(r.status, r.message)
+                },
+            )
+        })
+    };
+    let (route_name, answer) = match routed {
+        Err((name, reply)) => (name, Answer::Reply(reply)),
         Ok(route) => {
             let body = Limited::new(req.into_body(), MAX_BODY);
             let reply = |r| (route.name(), Answer::Reply(r));
@@ -226,7 +300,7 @@ pub type ResponseBody = Either<Full<Bytes>, logs::LogBody>;
 fn to_response(answer: Answer) -> Response<ResponseBody> {
     let reply = match answer {
         Answer::Reply(r) => r,
-        Answer::Logs(stream) => return log_response(stream),
+        Answer::Logs(stream) => return log_response(*stream),
     };
     let mut resp = Response::new(Either::Left(Full::new(reply.body)));
     *resp.status_mut() = hyper::StatusCode::from_u16(reply.status)
@@ -241,6 +315,12 @@ fn to_response(answer: Answer) -> Response<ResponseBody> {
             hyper::header::HeaderValue::from_static(allow),
         );
     }
+    if let Some(c) = reply.challenge {
+        resp.headers_mut().insert(
+            hyper::header::WWW_AUTHENTICATE,
+            hyper::header::HeaderValue::from_static(c),
+        );
+    }
     resp
 }
 
@@ -253,8 +333,14 @@ pub const CONTAINERS_HEADER: &str = "edgehub-containers";
 fn log_response(stream: logs::LogStream) -> Response<ResponseBody> {
     use hyper::header::HeaderValue;
     let choice = stream.choice.clone();
+    let follows = stream.follows();
     let mut resp = Response::new(Either::Right(stream.into_body()));
     let h = resp.headers_mut();
+    if follows {
+        // The connection gave its place back when the stream started (see
+        // `serve_connection`): it must not carry more requests afterwards.
+        h.insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
+    }
     h.insert(
         hyper::header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
@@ -271,14 +357,25 @@ fn log_response(stream: logs::LogStream) -> Response<ResponseBody> {
     resp
 }
 
+/// A connection's place among [`MAX_CONNECTIONS`], held until it closes or its request
+/// becomes a followed log (which counts among [`MAX_FOLLOWERS`] instead).
+type Slot = Arc<std::sync::Mutex<Option<tokio::sync::OwnedSemaphorePermit>>>;
+
 /// Serves one connection.
-async fn serve_connection<IO>(io: IO, state: Arc<ApiState>)
+async fn serve_connection<IO>(io: IO, state: Arc<ApiState>, via: guard::Via, slot: Slot)
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let svc = hyper::service::service_fn(move |req| {
-        let state = state.clone();
-        async move { Ok::<_, std::convert::Infallible>(to_response(handle(state, req).await)) }
+        let (state, slot) = (state.clone(), slot.clone());
+        async move {
+            let answer = handle(state, req, via).await;
+            if matches!(&answer, Answer::Logs(s) if s.follows()) {
+                // Poisoned only if a thread panicked holding it; the slot is still a slot.
+                drop(slot.lock().unwrap_or_else(|p| p.into_inner()).take());
+            }
+            Ok::<_, std::convert::Infallible>(to_response(answer))
+        }
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
@@ -304,6 +401,7 @@ pub async fn serve(listener: Listener, state: Arc<ApiState>, mut shutdown: watch
             p = limit.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
             _ = shutdown.changed() => return,
         };
+        let slot: Slot = Arc::new(std::sync::Mutex::new(Some(permit)));
         let state = state.clone();
         let accepted = tokio::select! {
             a = accept(&listener) => a,
@@ -312,16 +410,14 @@ pub async fn serve(listener: Listener, state: Arc<ApiState>, mut shutdown: watch
         match accepted {
             Ok(Conn::Tcp(s)) => {
                 let _ = s.set_nodelay(true);
-                tokio::spawn(async move {
-                    serve_connection(s, state).await;
-                    drop(permit);
-                });
+                let Ok(local) = s.local_addr() else {
+                    continue; // Gone before it was served.
+                };
+                let via = guard::Via::Tcp { local: local.ip() };
+                tokio::spawn(serve_connection(s, state, via, slot));
             }
             Ok(Conn::Unix(s)) => {
-                tokio::spawn(async move {
-                    serve_connection(s, state).await;
-                    drop(permit);
-                });
+                tokio::spawn(serve_connection(s, state, guard::Via::Unix, slot));
             }
             Err(e) => {
                 // Out of file descriptors and the like: pause instead of spinning.
@@ -341,18 +437,5 @@ async fn accept(l: &Listener) -> std::io::Result<Conn> {
     match l {
         Listener::Tcp(t) => t.accept().await.map(|(s, _)| Conn::Tcp(s)),
         Listener::Unix(u) => u.accept().await.map(|(s, _)| Conn::Unix(s)),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn token_comparison() {
-        assert!(constant_time_eq(b"abc", b"abc"));
-        assert!(!constant_time_eq(b"abc", b"abd"));
-        assert!(!constant_time_eq(b"abc", b"ab"));
-        assert!(constant_time_eq(b"", b""));
     }
 }

@@ -53,11 +53,6 @@ impl Route {
     pub fn records(&self) -> bool {
         matches!(self, Route::Upgrade { .. } | Route::ImagePull { .. })
     }
-
-    /// Health probes stay open even when a bearer token is configured.
-    pub fn needs_auth(&self) -> bool {
-        !matches!(self, Route::Healthz | Route::Readyz)
-    }
 }
 
 /// Why a request was refused before any handler ran.
@@ -99,7 +94,7 @@ pub const ROUTES: &[(&str, &str, &[u16])] = &[
     (
         "/v1/namespaces/{ns}/pods/{name}/log",
         "GET",
-        &[200, 400, 401, 404, 500],
+        &[200, 400, 401, 404, 429, 500],
     ),
     ("/v1/status", "GET", &[200, 401, 500]),
     ("/v1/healthz", "GET", &[200]),
@@ -261,6 +256,15 @@ mod tests {
                 .status,
             414
         );
+    }
+
+    #[test]
+    fn only_the_health_probes_are_open_without_the_token() {
+        for (pattern, method, _) in ROUTES {
+            let path = pattern.replace("{ns}", "default").replace("{name}", "p");
+            let open = matches!(route(method, &path), Ok(Route::Healthz | Route::Readyz));
+            assert_eq!(crate::api::guard::is_open_path(&path), open, "{path}");
+        }
     }
 
     #[test]

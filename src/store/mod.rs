@@ -15,6 +15,7 @@ mod objects;
 mod outbox;
 mod requests;
 mod schema;
+pub mod seal;
 mod sources;
 
 pub use journal::{Effects, LogLine, RunningRevision};
@@ -24,7 +25,8 @@ pub use requests::{
     NewRequest, Recorded, RequestKind, RequestRecord, HISTORY_PER_POD, TERMINAL_STATES,
 };
 pub use schema::{APPLICATION_ID, LATEST as SCHEMA_VERSION};
-pub use sources::{CachedSource, CachedToken};
+pub use seal::{DeviceKey, KeySource, SealError};
+pub use sources::{CachedSource, CachedToken, SealCounts};
 
 use rusqlite::{Connection, OpenFlags};
 use std::collections::HashMap;
@@ -59,6 +61,8 @@ pub enum StoreError {
     },
     #[error("database: {0}")]
     Sqlite(#[from] rusqlite::Error),
+    #[error("{0}")]
+    Seal(#[from] SealError),
     #[error("object {kind} {namespace}/{name}: {reason}")]
     BadObject {
         kind: &'static str,
@@ -96,6 +100,16 @@ pub struct Store {
     /// Bookmark progress waiting to ride along with the next commit ([`cursors`]). Taken
     /// after `conn`, never before.
     cursors: Mutex<cursors::ParkedCursors>,
+    /// The device key Secrets and tokens are sealed with ([`seal`]); `None`: in the clear.
+    key: Option<DeviceKey>,
+}
+
+/// How the cache keeps Secrets and tokens, for `edgehub status`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SealStatus {
+    /// Where the device key came from; `None`: there is none, and they are in the clear.
+    pub key: Option<String>,
+    pub counts: SealCounts,
 }
 
 impl std::fmt::Debug for Store {
@@ -105,8 +119,28 @@ impl std::fmt::Debug for Store {
 }
 
 impl Store {
-    /// Opens (or creates) the database at `path`, creating its directory with mode 0700.
+    /// Opens (or creates) the database at `path`, creating its directory with mode 0700, with
+    /// Secrets and tokens in the clear.
     pub fn open(path: &Path, mode: OpenMode) -> Result<Store, StoreError> {
+        Store::open_with(path, mode, None)
+    }
+
+    /// As [`Store::open`], sealing Secrets and tokens with `key` when there is one. Rows still
+    /// in the clear are sealed now. Rows sealed with another key (a rotation, a wrong key
+    /// file) are counted and logged, never an error: they read as not cached, and the
+    /// fetcher fetches them again once the link is up.
+    pub fn open_with(
+        path: &Path,
+        mode: OpenMode,
+        key: Option<DeviceKey>,
+    ) -> Result<Store, StoreError> {
+        let mut store = Store::open_unsealed(path, mode)?;
+        store.key = key;
+        store.seal_on_open()?;
+        Ok(store)
+    }
+
+    fn open_unsealed(path: &Path, mode: OpenMode) -> Result<Store, StoreError> {
         let io = |source| StoreError::Io {
             path: path.to_path_buf(),
             source,
@@ -119,6 +153,7 @@ impl Store {
                 .map_err(io)?;
         }
         let lock = take_lock(path)?;
+        repair_modes(path)?;
 
         match (check_and_open(path), mode) {
             (Ok(store_conn), OpenMode::Normal) => Ok(Store::new(store_conn, path, lock)),
@@ -138,6 +173,7 @@ impl Store {
             ) => {
                 let aside = move_aside(path)?;
                 tracing::warn!(error = %e, moved_to = %aside.display(), "cache reset: unusable database moved aside");
+                scrub_aside(&aside);
                 Ok(Store::new(check_and_open(path)?, path, lock))
             }
             (Err(e), _) => Err(e),
@@ -153,7 +189,42 @@ impl Store {
             reports: tokio::sync::watch::channel(0).0,
             outbox_taken: std::sync::atomic::AtomicU64::new(0),
             cursors: Mutex::new(cursors::ParkedCursors::new(Instant::now())),
+            key: None,
         }
+    }
+
+    /// With a key: seals what is still in the clear, in one transaction, then empties the WAL
+    /// (it held the clear frames) and logs what cannot be read.
+    fn seal_on_open(&self) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        if let Some(key) = &self.key {
+            let tx = conn.transaction()?;
+            let n = sources::securely(&tx, || sources::seal_clear_rows(&tx, key))?;
+            tx.commit()?;
+            if n > 0 {
+                truncate_wal(&conn)?;
+                tracing::info!(rows = n, key = %key.source, "Secrets and tokens kept in the clear are sealed now");
+            }
+        }
+        let counts = sources::seal_counts(&conn, self.key.as_ref())?;
+        drop(conn);
+        if counts.unreadable > 0 {
+            match &self.key {
+                Some(k) => tracing::error!(rows = counts.unreadable, key = %k.source,
+                    "cached Secrets or tokens were sealed with another device key (the key was rotated, or this is the wrong key): they cannot be read, the pods that need them wait, and they are fetched again once the link is up"),
+                None => tracing::error!(rows = counts.unreadable,
+                    "cached Secrets or tokens are sealed, and no device key is configured: they cannot be read, the pods that need them wait, and they are fetched again once the link is up"),
+            }
+        }
+        Ok(())
+    }
+
+    /// How Secrets and tokens are kept: the key's source, and the rows by state.
+    pub fn seal_status(&self) -> Result<SealStatus, StoreError> {
+        Ok(SealStatus {
+            key: self.key.as_ref().map(|k| k.source.to_string()),
+            counts: sources::seal_counts(&self.conn(), self.key.as_ref())?,
+        })
     }
 
     fn parked(&self) -> MutexGuard<'_, cursors::ParkedCursors> {
@@ -606,7 +677,7 @@ impl Store {
     }
 
     pub fn put_source(&self, s: &CachedSource) -> Result<bool, StoreError> {
-        let changed = sources::put_source(&self.conn(), s)?;
+        let changed = sources::put_source(&self.conn(), s, self.key.as_ref())?;
         if changed {
             self.notify();
         }
@@ -619,7 +690,7 @@ impl Store {
         namespace: &str,
         name: &str,
     ) -> Result<Option<CachedSource>, StoreError> {
-        sources::get_source(&self.conn(), kind, namespace, name)
+        sources::get_source(&self.conn(), kind, namespace, name, self.key.as_ref())
     }
 
     pub fn source_keys(&self) -> Result<Vec<(String, String, String)>, StoreError> {
@@ -641,9 +712,12 @@ impl Store {
         let mut conn = self.conn();
         let parked = self.ride_along(None);
         let tx = conn.transaction()?;
-        for t in tokens {
-            sources::put_token(&tx, t)?;
-        }
+        sources::securely(&tx, || {
+            for t in tokens {
+                sources::put_token(&tx, t, self.key.as_ref())?;
+            }
+            Ok(())
+        })?;
         for (resource, rv) in &parked {
             objects::set_cursor(&tx, resource, rv)?;
         }
@@ -660,7 +734,13 @@ impl Store {
         audience: &str,
         expiration_secs: i64,
     ) -> Result<Option<CachedToken>, StoreError> {
-        sources::get_token(&self.conn(), pod_uid, audience, expiration_secs)
+        sources::get_token(
+            &self.conn(),
+            pod_uid,
+            audience,
+            expiration_secs,
+            self.key.as_ref(),
+        )
     }
 
     /// Drops the tokens of pods not in `keep`; returns how many rows went.
@@ -752,10 +832,13 @@ impl Store {
     fn clear_cache(&self) -> Result<(), StoreError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        tx.execute_batch(
-            "DELETE FROM objects; DELETE FROM sync_cursors; DELETE FROM pod_sources; DELETE FROM sa_tokens;",
-        )?;
+        tx.execute_batch("DELETE FROM objects; DELETE FROM sync_cursors;")?;
+        sources::securely(&tx, || {
+            Ok(tx.execute_batch("DELETE FROM pod_sources; DELETE FROM sa_tokens;")?)
+        })?;
         tx.commit()?;
+        // The WAL held the deleted rows' frames; a reset is rare, so empty it now.
+        truncate_wal(&conn)?;
         Ok(())
     }
 }
@@ -809,6 +892,51 @@ fn take_lock(path: &Path) -> Result<File, StoreError> {
         }
     }
     Ok(file)
+}
+
+/// Makes the data dir 0700 and the database, its WAL and its shared-memory index 0600 again,
+/// before SQLite opens them. SQLite reuses a WAL or index it finds, whatever its mode, and
+/// creates new ones with the database's mode: a `-wal` left 0644 by a crash after someone
+/// with umask 022 touched the files (a `sqlite3` session, a restore) stayed world-readable
+/// while edgehub wrote the cache into it, and a data dir that was 0755 before edgehub first
+/// ran let anyone list and read the pods' directories. Taken under the lock, so no other
+/// edgehub writes meanwhile.
+fn repair_modes(path: &Path) -> Result<(), StoreError> {
+    let repair = |p: &Path, want: u32| -> Result<(), StoreError> {
+        let meta = match std::fs::symlink_metadata(p) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(source) => {
+                return Err(StoreError::Io {
+                    path: p.to_path_buf(),
+                    source,
+                })
+            }
+        };
+        let have = meta.permissions().mode() & 0o777;
+        // Only what others could read or enter: an owner-only mode stricter than ours (0500
+        // on a read-only mount) is left alone.
+        if have & 0o077 != 0 {
+            tracing::warn!(path = %p.display(), mode = format_args!("{have:o}"),
+                want = format_args!("{want:o}"), "readable by others; tightening its mode");
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(want)).map_err(
+                |source| StoreError::Io {
+                    path: p.to_path_buf(),
+                    source,
+                },
+            )?;
+        }
+        Ok(())
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        repair(dir, 0o700)?;
+    }
+    for suffix in ["", "-wal", "-shm"] {
+        let mut p = path.as_os_str().to_owned();
+        p.push(suffix);
+        repair(Path::new(&p), 0o600)?;
+    }
+    Ok(())
 }
 
 /// Checks the file's header, identity, integrity and version, then migrates it.
@@ -940,6 +1068,54 @@ fn classify(path: &Path, e: rusqlite::Error) -> StoreError {
             path: path.to_path_buf(),
         },
         _ => StoreError::Sqlite(e),
+    }
+}
+
+/// Writes the WAL back into the database and truncates it to nothing: frames of rows that
+/// are gone (or were in the clear) stay in a WAL file until they are overwritten.
+fn truncate_wal(conn: &Connection) -> Result<(), StoreError> {
+    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+    Ok(())
+}
+
+/// A moved-aside database is kept for whoever wants to look at it, for good: it must keep no
+/// Secret or token in the clear. Sealed rows are no risk and stay; rows in the clear (written
+/// without a device key) are deleted from it with `secure_delete`, and its WAL is emptied.
+/// An edgehub file only (by its application id): another program's file is left as it is.
+/// What cannot be done (the file is too damaged) is logged, naming the file.
+fn scrub_aside(aside: &Path) {
+    let scrub = || -> rusqlite::Result<Option<usize>> {
+        let conn = Connection::open_with_flags(
+            aside,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        if schema::application_id(&conn)? != schema::APPLICATION_ID {
+            return Ok(None);
+        }
+        let tables: i64 = conn.query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table'
+             AND name IN ('pod_sources', 'sa_tokens')",
+            [],
+            |r| r.get(0),
+        )?;
+        if tables < 2 {
+            return Ok(None);
+        }
+        conn.pragma_update(None, "secure_delete", true)?;
+        let mut n = conn.execute(
+            "DELETE FROM pod_sources WHERE kind = ?1 AND typeof(raw) = 'text'",
+            [sources::SEALED_KIND],
+        )?;
+        n += conn.execute("DELETE FROM sa_tokens WHERE typeof(token) = 'text'", [])?;
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+        Ok(Some(n))
+    };
+    match scrub() {
+        Ok(Some(n)) if n > 0 => tracing::info!(path = %aside.display(), rows = n,
+            "Secrets and tokens in the clear deleted from the moved-aside database"),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(path = %aside.display(), error = %e,
+            "the moved-aside database could not be scrubbed: it may hold Secrets or service-account tokens in the clear; delete it once nobody needs it"),
     }
 }
 

@@ -671,7 +671,7 @@ fn tokens_keep_across_the_move_to_a_rowid_table_and_a_renewal_rewrites_two_pages
              PRAGMA user_version = 8;",
         )
         .unwrap();
-        sources::put_token(&c, &token(0, 1)).unwrap();
+        sources::put_token(&c, &token(0, 1), None).unwrap();
     }
     let s = Store::open(&path, OpenMode::Normal).unwrap();
     assert_eq!(schema::user_version(&s.conn()).unwrap(), schema::LATEST);
