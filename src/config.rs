@@ -13,6 +13,7 @@ pub use crate::api::ApiConfig;
 pub use crate::logs::LogsConfig;
 pub use crate::node::{NodeConfig, Taint};
 pub use crate::outbox::ReportConfig;
+pub use crate::store::seal::SealConfig;
 pub use crate::sync::SyncConfig;
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -44,17 +45,6 @@ pub struct Config {
     pub report: ReportConfig,
     pub logs: LogsConfig,
     pub seal: SealConfig,
-}
-
-/// Where the device key that seals Secrets and tokens at rest comes from (`[seal]`; see
-/// `store::seal`).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct SealConfig {
-    /// A file on a protected partition holding at least 32 random bytes.
-    pub key_file: Option<PathBuf>,
-    /// A systemd credential's name in `$CREDENTIALS_DIRECTORY`; unset: `edgehub-seal-key`
-    /// when the unit provides it.
-    pub credential: Option<String>,
 }
 
 impl Config {

@@ -283,8 +283,18 @@ pub fn key_path(
     }
 }
 
+/// Where the device key that seals Secrets and tokens at rest comes from (`[seal]`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SealConfig {
+    /// A file on a protected partition holding at least 32 random bytes.
+    pub key_file: Option<std::path::PathBuf>,
+    /// A systemd credential's name in `$CREDENTIALS_DIRECTORY`; unset: `edgehub-seal-key`
+    /// when the unit provides it.
+    pub credential: Option<String>,
+}
+
 /// Reads the configured device key, if any (see [`key_path`]).
-pub fn load(config: &crate::config::SealConfig) -> Result<Option<DeviceKey>, SealError> {
+pub fn load(config: &SealConfig) -> Result<Option<DeviceKey>, SealError> {
     let dir = std::env::var_os("CREDENTIALS_DIRECTORY").map(PathBuf::from);
     match key_path(
         config.key_file.as_deref(),
