@@ -94,35 +94,6 @@ fn output(mut c: Command) -> (bool, String) {
     )
 }
 
-/// Removes a node's sandboxes from the shared containerd when dropped, so a failing
-/// assertion does not leave the test's pods running.
-struct NodeCleanup {
-    socket: PathBuf,
-    node: String,
-}
-
-impl Drop for NodeCleanup {
-    fn drop(&mut self) {
-        let (socket, node) = (self.socket.clone(), self.node.clone());
-        let t = std::thread::spawn(move || {
-            use edgehub::cri::{labels, CriClient, CriRuntime};
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                let c = CriClient::new(&socket);
-                let mine = std::collections::HashMap::from([(labels::NODE.to_string(), node)]);
-                for sb in c.list_pod_sandbox(mine).await.unwrap_or_default() {
-                    let _ = c.stop_pod_sandbox(&sb.id).await;
-                    let _ = c.remove_pod_sandbox(&sb.id).await;
-                }
-            });
-        });
-        let _ = t.join();
-    }
-}
-
 /// A child killed when dropped, so a failing assertion does not leave it running.
 struct Running(Child);
 
@@ -1028,7 +999,7 @@ async fn names_that_would_escape_the_pod_directory_are_refused_and_never_touch_t
         .collect();
     std::fs::write(&env.config, &text).unwrap();
     let data = env.db().parent().unwrap().to_path_buf();
-    let _cleanup = NodeCleanup {
+    let _cleanup = common::NodeCleanup {
         socket: socket.clone(),
         node: node.clone(),
     };

@@ -131,24 +131,7 @@ impl Drop for Env {
             let _ = c.wait();
         }
         // The pod ran in the shared containerd; it must not outlive the test.
-        let socket = self.socket.clone();
-        let node = self.node.clone();
-        let cleanup = std::thread::spawn(move || {
-            use edgehub::cri::{labels, CriClient, CriRuntime};
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                let c = CriClient::new(&socket);
-                let mine = std::collections::HashMap::from([(labels::NODE.to_string(), node)]);
-                for sb in c.list_pod_sandbox(mine).await.unwrap_or_default() {
-                    let _ = c.stop_pod_sandbox(&sb.id).await;
-                    let _ = c.remove_pod_sandbox(&sb.id).await;
-                }
-            });
-        });
-        let _ = cleanup.join();
+        common::remove_node_sandboxes(&self.socket, &self.node);
     }
 }
 

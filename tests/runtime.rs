@@ -83,40 +83,8 @@ fn env() -> Env {
     }
 }
 
-/// Removes every sandbox of `node` when dropped, so a test that fails halfway leaves nothing
-/// running in the shared containerd.
-struct Cleanup {
-    node: String,
-    socket: PathBuf,
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let (node, socket) = (self.node.clone(), self.socket.clone());
-        // Its own thread and runtime: drop may run inside the test's runtime.
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                let c = CriClient::new(&socket);
-                let all = c
-                    .list_pod_sandbox(HashMap::from([(labels::NODE.to_string(), node)]))
-                    .await
-                    .unwrap_or_default();
-                for sb in all {
-                    let _ = c.stop_pod_sandbox(&sb.id).await;
-                    let _ = c.remove_pod_sandbox(&sb.id).await;
-                }
-            })
-        })
-        .join();
-    }
-}
-
-fn cleanup(e: &Env) -> Cleanup {
-    Cleanup {
+fn cleanup(e: &Env) -> common::NodeCleanup {
+    common::NodeCleanup {
         node: e.node.clone(),
         socket: e.socket.clone(),
     }

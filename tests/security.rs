@@ -343,37 +343,6 @@ fn uid(tag: &str) -> String {
     format!("sec-{tag}-{}-{}", std::process::id(), n % 1_000_000_000)
 }
 
-/// Removes every sandbox of `node` when dropped, so a test that fails halfway leaves nothing
-/// running in the shared containerd.
-struct Cleanup {
-    node: String,
-    socket: PathBuf,
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let (node, socket) = (self.node.clone(), self.socket.clone());
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                let c = CriClient::new(&socket);
-                for sb in c
-                    .list_pod_sandbox(HashMap::from([(labels::NODE.to_string(), node)]))
-                    .await
-                    .unwrap_or_default()
-                {
-                    let _ = c.stop_pod_sandbox(&sb.id).await;
-                    let _ = c.remove_pod_sandbox(&sb.id).await;
-                }
-            })
-        })
-        .join();
-    }
-}
-
 async fn running(c: &CriClient, uid: &str) -> Vec<edgehub::cri::api::Container> {
     c.list_containers(HashMap::from([(
         labels::POD_UID.to_string(),
@@ -502,7 +471,7 @@ async fn reboot(cri: &CriClient, uid: &str, data: &Path) {
 async fn a_pod_reads_its_secret_and_token_after_an_offline_reboot_with_encryption_on() {
     let socket = common::cri_stack();
     let node = uid("node");
-    let _cleanup = Cleanup {
+    let _cleanup = common::NodeCleanup {
         node: node.clone(),
         socket: socket.clone(),
     };

@@ -263,3 +263,41 @@ pub fn unmount_under(dir: &Path) {
             .status();
     }
 }
+
+/// Stops and removes every sandbox of `node` in the containerd at `socket`, on a thread and
+/// runtime of its own (so it can run from a `Drop` inside the test's runtime). Errors are
+/// ignored: it is the cleanup of a test that may already have failed.
+pub fn remove_node_sandboxes(socket: &Path, node: &str) {
+    let (socket, node) = (socket.to_path_buf(), node.to_string());
+    let _ = std::thread::spawn(move || {
+        use edgehub::cri::{labels, CriClient, CriRuntime};
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        rt.block_on(async {
+            let c = CriClient::new(&socket);
+            let mine = std::collections::HashMap::from([(labels::NODE.to_string(), node)]);
+            for sb in c.list_pod_sandbox(mine).await.unwrap_or_default() {
+                let _ = c.stop_pod_sandbox(&sb.id).await;
+                let _ = c.remove_pod_sandbox(&sb.id).await;
+            }
+        })
+    })
+    .join();
+}
+
+/// Removes every sandbox of `node` when dropped, so a test that fails halfway leaves nothing
+/// running in the shared containerd.
+pub struct NodeCleanup {
+    pub node: String,
+    pub socket: std::path::PathBuf,
+}
+
+impl Drop for NodeCleanup {
+    fn drop(&mut self) {
+        remove_node_sandboxes(&self.socket, &self.node);
+    }
+}
