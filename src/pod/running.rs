@@ -26,6 +26,27 @@ impl RunningAs {
     }
 }
 
+/// Labels the pod with the revision it now runs.
+fn set_revision_hash(pod: &mut Value, hash: &str) {
+    if let Some(labels) = pod
+        .pointer_mut("/metadata/labels")
+        .and_then(Value::as_object_mut)
+    {
+        labels.insert(
+            crate::object::REVISION_HASH_LABEL.to_string(),
+            Value::String(hash.to_string()),
+        );
+    }
+}
+
+/// Whether a volume or a volume mount is the service-account token volume the admission
+/// plugin injects (`kube-api-access-<random>`).
+fn names_token_volume(v: &Value) -> bool {
+    v.get("name")
+        .and_then(Value::as_str)
+        .is_some_and(|n| n.starts_with("kube-api-access-"))
+}
+
 /// The pod as it runs after a recreate: the cached pod with the target template's spec. What
 /// the template does not say and the pod got from elsewhere stays: the node binding, the
 /// tolerations and affinity the DaemonSet controller added, and the service-account token
@@ -54,11 +75,7 @@ pub fn recreate_target(pod: &mut Value, spec: &Value, hash: &str) {
             .and_then(Value::as_array)
             .into_iter()
             .flatten()
-            .filter(|v| {
-                v.get("name")
-                    .and_then(Value::as_str)
-                    .is_some_and(|n| n.starts_with("kube-api-access-"))
-            })
+            .filter(|v| names_token_volume(v))
             .cloned()
             .collect();
         let automount = n
@@ -90,11 +107,7 @@ pub fn recreate_target(pod: &mut Value, spec: &Value, hash: &str) {
                         .and_then(Value::as_array)
                         .into_iter()
                         .flatten()
-                        .filter(|m| {
-                            m.get("name")
-                                .and_then(Value::as_str)
-                                .is_some_and(|n| n.starts_with("kube-api-access-"))
-                        })
+                        .filter(|m| names_token_volume(m))
                         .cloned()
                         .collect::<Vec<_>>();
                     if let Some(cm) = c.as_object_mut() {
@@ -110,15 +123,7 @@ pub fn recreate_target(pod: &mut Value, spec: &Value, hash: &str) {
         }
     }
     pod["spec"] = new;
-    if let Some(labels) = pod
-        .pointer_mut("/metadata/labels")
-        .and_then(Value::as_object_mut)
-    {
-        labels.insert(
-            crate::object::REVISION_HASH_LABEL.to_string(),
-            Value::String(hash.to_string()),
-        );
-    }
+    set_revision_hash(pod, hash);
 }
 
 /// The pod as it runs after the upgrade: the cached pod with the changed containers' images
@@ -135,15 +140,7 @@ pub fn apply_images(pod: &mut Value, images: &BTreeMap<String, String>, hash: &s
             }
         }
     }
-    if let Some(labels) = pod
-        .pointer_mut("/metadata/labels")
-        .and_then(Value::as_object_mut)
-    {
-        labels.insert(
-            crate::object::REVISION_HASH_LABEL.to_string(),
-            Value::String(hash.to_string()),
-        );
-    }
+    set_revision_hash(pod, hash);
 }
 
 #[cfg(test)]

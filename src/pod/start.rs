@@ -49,6 +49,23 @@ pub fn pull_auth(c: &ContainerPlan) -> Option<api::AuthConfig> {
     })
 }
 
+/// The container's CRI config as attempt `attempt`: the attempt in its metadata, and its log
+/// file named for the attempt (a name that cannot name a file is refused, not written outside
+/// the pod's log dir).
+pub fn attempt_config(c: &ContainerPlan, attempt: u32) -> Result<api::ContainerConfig, CriError> {
+    let mut cfg = c.config.clone();
+    if let Some(m) = cfg.metadata.as_mut() {
+        m.attempt = attempt;
+    }
+    cfg.log_path =
+        crate::names::log_file_name(&c.name, attempt).map_err(|reason| CriError::Call {
+            method: "CreateContainer",
+            code: "InvalidArgument".into(),
+            message: reason,
+        })?;
+    Ok(cfg)
+}
+
 /// Pulls the image per policy, then creates and starts the container.
 pub async fn create_and_start<R: CriRuntime>(
     cri: &R,
@@ -75,16 +92,7 @@ pub async fn create_and_start<R: CriRuntime>(
         }
         _ => {}
     }
-    let mut cfg = c.config.clone();
-    if let Some(m) = cfg.metadata.as_mut() {
-        m.attempt = attempt;
-    }
-    cfg.log_path =
-        crate::names::log_file_name(&c.name, attempt).map_err(|reason| CriError::Call {
-            method: "CreateContainer",
-            code: "InvalidArgument".into(),
-            message: reason,
-        })?;
+    let cfg = attempt_config(c, attempt)?;
     let id = cri
         .create_container(sandbox_id, cfg, sandbox_config.clone())
         .await?;

@@ -426,18 +426,9 @@ pub async fn create_new<R: CriRuntime>(
     } else {
         now.next_attempt(&c.name)
     };
-    let mut cfg = c.config.clone();
-    if let Some(m) = cfg.metadata.as_mut() {
-        m.attempt = attempt;
-    }
+    let mut cfg = crate::pod::start::attempt_config(c, attempt)?;
     cfg.labels
         .insert(labels::UPGRADE_ID.to_string(), upgrade_id.to_string());
-    cfg.log_path =
-        crate::names::log_file_name(&c.name, attempt).map_err(|reason| CriError::Call {
-            method: "CreateContainer",
-            code: "InvalidArgument".into(),
-            message: reason,
-        })?;
     let id = cri
         .create_container(&sb.id, cfg, target.sandbox.clone())
         .await?;
