@@ -19,6 +19,22 @@ struct Api {
     _stop: tokio::sync::watch::Sender<bool>,
 }
 
+/// The API's state over the harness's store and sync: no token, a ready runtime, no CRI
+/// client; a test overrides what it is about.
+fn api_state(h: &Harness) -> ApiState {
+    ApiState {
+        store: h.store.clone().unwrap(),
+        link: h.sync().link.clone(),
+        sync_stats: h.sync().stats.clone(),
+        metrics: Default::default(),
+        token: None,
+        node_name: "edge-1".into(),
+        cri: ready_runtime(),
+        runtime: None,
+        streams: Default::default(),
+    }
+}
+
 async fn start_api(h: &Harness, token: Option<&str>) -> Api {
     start_api_with(h, token, ready_runtime()).await
 }
@@ -36,15 +52,9 @@ async fn start_api_with(
     };
     let addr = tcp.local_addr().unwrap();
     let state = Arc::new(ApiState {
-        store: h.store.clone().unwrap(),
-        link: h.sync().link.clone(),
-        sync_stats: h.sync().stats.clone(),
-        metrics: Default::default(),
         token: token.map(str::to_string),
-        node_name: "edge-1".into(),
         cri,
-        runtime: None,
-        streams: Default::default(),
+        ..api_state(h)
     });
     let (tx, rx) = tokio::sync::watch::channel(false);
     tokio::spawn(api::serve(Listener::Tcp(tcp), state, rx));
@@ -589,15 +599,9 @@ async fn sixty_five_log_followers_leave_room_for_the_ota_manager() {
     };
     let addr = tcp.local_addr().unwrap();
     let state = Arc::new(ApiState {
-        store: h.store.clone().unwrap(),
-        link: h.sync().link.clone(),
         sync_stats: vec![],
-        metrics: Default::default(),
-        token: None,
-        node_name: "edge-1".into(),
-        cri: ready_runtime(),
-        runtime: None,
         streams: api::Streams::new(api::MAX_FOLLOWERS, Duration::from_millis(500)),
+        ..api_state(&h)
     });
     let (_stop, rx) = tokio::sync::watch::channel(false);
     tokio::spawn(api::serve(Listener::Tcp(tcp), state, rx));
@@ -777,15 +781,8 @@ async fn unix_socket_with_mode() {
         0o600
     );
     let state = Arc::new(ApiState {
-        store: h.store.clone().unwrap(),
-        link: h.sync().link.clone(),
         sync_stats: vec![],
-        metrics: Default::default(),
-        token: None,
-        node_name: "edge-1".into(),
-        cri: ready_runtime(),
-        runtime: None,
-        streams: Default::default(),
+        ..api_state(&h)
     });
     let (_tx, rx) = tokio::sync::watch::channel(false);
     for l in ls {
@@ -852,15 +849,8 @@ async fn with_tcp_off_the_api_is_on_the_unix_socket_alone() {
         0o660
     );
     let state = Arc::new(ApiState {
-        store: h.store.clone().unwrap(),
-        link: h.sync().link.clone(),
         sync_stats: vec![],
-        metrics: Default::default(),
-        token: None,
-        node_name: "edge-1".into(),
-        cri: ready_runtime(),
-        runtime: None,
-        streams: Default::default(),
+        ..api_state(&h)
     });
     let (_tx, rx) = tokio::sync::watch::channel(false);
     for l in ls {
@@ -1022,15 +1012,8 @@ async fn a_hung_runtime_gets_a_503_that_names_it_and_records_nothing() {
     };
     let addr = tcp.local_addr().unwrap();
     let state = Arc::new(ApiState {
-        store: h.store.clone().unwrap(),
-        link: h.sync().link.clone(),
-        sync_stats: h.sync().stats.clone(),
-        metrics: Default::default(),
-        token: None,
-        node_name: "edge-1".into(),
-        cri: ready_runtime(),
         runtime: Some(edgehub::cri::CriClient::new(&sock)),
-        streams: Default::default(),
+        ..api_state(&h)
     });
     let (_stop, rx) = tokio::sync::watch::channel(false);
     tokio::spawn(api::serve(Listener::Tcp(tcp), state, rx));
