@@ -170,6 +170,17 @@ fn strip_comment_and_strings(line: &str) -> String {
         if c == '/' && chars.peek() == Some(&'/') {
             break;
         }
+        // a char literal holding a quote (`'"'`, `'\"'`) opens no string
+        if c == '\'' {
+            let ahead: String = chars.clone().take(3).collect();
+            if ahead.starts_with("\"'") || ahead.starts_with("\\\"'") {
+                let skip = if ahead.starts_with('"') { 2 } else { 3 };
+                for _ in 0..skip {
+                    chars.next();
+                }
+                continue;
+            }
+        }
         if c == '"' {
             in_str = true;
             prev = '\0';
@@ -345,6 +356,9 @@ fn the_reader_sees_imports_the_way_the_compiler_does() {
     assert!(named("/// see [`crate::runtime`]").is_empty());
     assert!(named(r#"let s = "crate::runtime";"#).is_empty());
     assert!(named("use edgehub_crate::thing;").is_empty());
+    // a quote in a char literal does not hide the rest of the line
+    assert_eq!(named("k.replace('\"', \"\"); crate::names::x()"), ["names"]);
+    assert_eq!(named("if b == b'\\\"' { crate::time::now() }"), ["time"]);
     let broken = "use crate::{\n    cri::api,\n    // crate::upgrade\n    store::Store,\n};\nfn f() { crate::time::now() }";
     assert_eq!(
         named_at(broken),
