@@ -3,6 +3,7 @@
 
 mod common;
 
+use common::{exec, running};
 use edgehub::cri::{api, labels, CriClient, CriRuntime};
 use edgehub::object::Kind;
 use edgehub::runtime::{BackoffPolicy, Reconciler};
@@ -165,23 +166,6 @@ fn status_patches(server: &edgehub_testsupport::FakeApiServer) -> usize {
     server.count(|r| r.verb == "patch" && r.resource == "pods/status")
 }
 
-async fn containers_of(c: &CriClient, uid: &str) -> Vec<api::Container> {
-    c.list_containers(HashMap::from([(
-        labels::POD_UID.to_string(),
-        uid.to_string(),
-    )]))
-    .await
-    .unwrap()
-}
-
-async fn running(c: &CriClient, uid: &str) -> Vec<api::Container> {
-    containers_of(c, uid)
-        .await
-        .into_iter()
-        .filter(|c| c.state == api::ContainerState::ContainerRunning as i32)
-        .collect()
-}
-
 fn log_has(data: &Path, uid: &str, file: &str, text: &str) -> bool {
     std::fs::read_to_string(data.join("pods").join(uid).join("logs").join(file))
         .unwrap_or_default()
@@ -272,7 +256,7 @@ async fn a_cached_pod_runs_and_a_killed_container_is_restarted() {
     remove(&e.store, &p);
     let pass = r.reconcile().await.unwrap();
     assert_eq!(pass.pods_removed, 1);
-    assert!(containers_of(&c, &id).await.is_empty());
+    assert!(common::containers_of(&c, &id).await.is_empty());
 }
 
 #[tokio::test]
@@ -333,7 +317,7 @@ async fn a_pod_deleted_in_the_cloud_is_stopped_and_its_deletion_finished() {
     put(&e.store, &deleting);
     let pass = r.reconcile().await.unwrap();
     assert_eq!(pass.pods_removed, 1, "{pass:?}");
-    assert!(containers_of(&c, &id).await.is_empty());
+    assert!(common::containers_of(&c, &id).await.is_empty());
     // Once its sandbox is gone, the next pass finishes the deletion.
     let pass = r.reconcile().await.unwrap();
     assert_eq!(pass.pods_finalized, 1, "{pass:?}");
@@ -367,7 +351,7 @@ async fn an_unsupported_pod_is_reported_and_the_others_run() {
     assert_eq!(pass.unsupported.len(), 1);
     assert_eq!(pass.unsupported[0].0, "bad");
     assert_eq!(pass.unsupported[0].1.field, "spec.volumes[0].cephfs");
-    assert!(containers_of(&c, &bad_id).await.is_empty());
+    assert!(common::containers_of(&c, &bad_id).await.is_empty());
     assert_eq!(running(&c, &good_id).await.len(), 1);
     remove(&e.store, &bad);
     remove(&e.store, &good);
@@ -559,18 +543,6 @@ async fn an_unsupported_pod_gets_a_condition_naming_the_field() {
     });
 }
 
-async fn exec(c: &CriClient, id: &str, cmd: &[&str]) -> String {
-    let r = c
-        .exec_sync(
-            id,
-            cmd.iter().map(|s| s.to_string()).collect(),
-            Duration::from_secs(5),
-        )
-        .await
-        .unwrap();
-    String::from_utf8_lossy(&r.stdout).into_owned()
-}
-
 /// The recorded pod, as the apiserver served it: a ConfigMap volume and the projected
 /// service-account token volume. edgehub fetches both, writes them, and keeps them after
 /// the link goes.
@@ -686,7 +658,7 @@ async fn the_recorded_pod_runs_as_recorded_with_its_configmap_and_token() {
 
     remove(&e.store, &recorded);
     r.reconcile().await.unwrap();
-    assert!(containers_of(&cri, &id).await.is_empty());
+    assert!(common::containers_of(&cri, &id).await.is_empty());
 }
 
 /// A pod whose ConfigMap does not exist waits with a condition that says so, and starts
@@ -739,7 +711,7 @@ async fn a_pod_waits_for_a_missing_configmap_and_starts_when_it_appears() {
         },
     )
     .await;
-    assert!(containers_of(&cri, &id).await.is_empty());
+    assert!(common::containers_of(&cri, &id).await.is_empty());
 
     server.apply(
         "configmaps",
@@ -874,7 +846,7 @@ async fn a_pod_network_pod_gets_an_address_from_cni() {
     assert_eq!(exec(&cri, &c.id, &["hostname"]).await.trim(), "cni");
     remove(&e.store, &server.get("pods", "rt", "cni").unwrap());
     r.reconcile().await.unwrap();
-    assert!(containers_of(&cri, &id).await.is_empty());
+    assert!(common::containers_of(&cri, &id).await.is_empty());
 }
 
 /// imagePullSecrets: the anonymous pull from the password-protected registry is refused and
@@ -905,7 +877,7 @@ async fn image_pull_secrets_open_a_private_registry() {
     })
     .await;
     assert_eq!(running(&cri, &good_id).await.len(), 1, "the other pod runs");
-    assert!(containers_of(&cri, &id).await.is_empty());
+    assert!(common::containers_of(&cri, &id).await.is_empty());
 
     let cfg = json!({"auths": {"127.0.0.1:5001": {"auth": b64("edgehub:edgehub-pull")}}});
     server.apply(
@@ -1055,7 +1027,7 @@ async fn a_hanging_pull_holds_up_no_other_pod() {
         killed_at.elapsed()
     );
     assert!(
-        containers_of(&cri, &hang_id).await.is_empty(),
+        common::containers_of(&cri, &hang_id).await.is_empty(),
         "still pulling"
     );
     assert!(
@@ -1673,7 +1645,7 @@ async fn a_pods_containers_are_stopped_together() {
     remove(&e.store, &p);
     let pass = r.reconcile().await.unwrap();
     assert_eq!(pass.pods_removed, 1, "{pass:?}");
-    assert!(containers_of(&cri, &id).await.is_empty());
+    assert!(common::containers_of(&cri, &id).await.is_empty());
     let stops = watched.calls("StopContainer");
     assert_eq!(stops.len(), 2, "{stops:?}");
     assert_ne!(stops[0].id, stops[1].id, "one stop per container");
@@ -1826,7 +1798,7 @@ async fn a_full_disk_stops_no_restart_and_no_liveness_kill() {
         "the store can write nothing"
     );
     let attempt_of = |id: &str| {
-        futures_now(containers_of(&cri, id))
+        futures_now(common::containers_of(&cri, id))
             .iter()
             .map(|c| c.metadata.as_ref().unwrap().attempt)
             .max()

@@ -7,6 +7,7 @@ mod common;
 #[path = "common/edge.rs"]
 mod edge;
 
+use common::{exec, running};
 use edgehub::cri::{labels, CriClient, CriRuntime};
 use edgehub::object::Kind;
 use edgehub::runtime::{BackoffPolicy, Reconciler};
@@ -341,30 +342,6 @@ fn uid(tag: &str) -> String {
         .unwrap()
         .as_nanos();
     format!("sec-{tag}-{}-{}", std::process::id(), n % 1_000_000_000)
-}
-
-async fn running(c: &CriClient, uid: &str) -> Vec<edgehub::cri::api::Container> {
-    c.list_containers(HashMap::from([(
-        labels::POD_UID.to_string(),
-        uid.to_string(),
-    )]))
-    .await
-    .unwrap()
-    .into_iter()
-    .filter(|c| c.state == edgehub::cri::api::ContainerState::ContainerRunning as i32)
-    .collect()
-}
-
-async fn exec(c: &CriClient, id: &str, cmd: &[&str]) -> String {
-    let r = c
-        .exec_sync(
-            id,
-            cmd.iter().map(|s| s.to_string()).collect(),
-            Duration::from_secs(5),
-        )
-        .await
-        .unwrap();
-    String::from_utf8_lossy(&r.stdout).into_owned()
 }
 
 /// The node's edgehub, as far as pods are concerned: the store (with a key, or none), the

@@ -301,3 +301,40 @@ impl Drop for NodeCleanup {
         remove_node_sandboxes(&self.socket, &self.node);
     }
 }
+
+/// The containers of pod `uid` in the runtime, in any state.
+pub async fn containers_of(
+    c: &edgehub::cri::CriClient,
+    uid: &str,
+) -> Vec<edgehub::cri::api::Container> {
+    use edgehub::cri::{labels, CriRuntime};
+    c.list_containers(std::collections::HashMap::from([(
+        labels::POD_UID.to_string(),
+        uid.to_string(),
+    )]))
+    .await
+    .unwrap()
+}
+
+/// The running containers of pod `uid`.
+pub async fn running(c: &edgehub::cri::CriClient, uid: &str) -> Vec<edgehub::cri::api::Container> {
+    containers_of(c, uid)
+        .await
+        .into_iter()
+        .filter(|c| c.state == edgehub::cri::api::ContainerState::ContainerRunning as i32)
+        .collect()
+}
+
+/// Runs `cmd` in container `id` (5 s at most) and returns its stdout.
+pub async fn exec(c: &edgehub::cri::CriClient, id: &str, cmd: &[&str]) -> String {
+    use edgehub::cri::CriRuntime;
+    let r = c
+        .exec_sync(
+            id,
+            cmd.iter().map(|s| s.to_string()).collect(),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    String::from_utf8_lossy(&r.stdout).into_owned()
+}
