@@ -14,9 +14,11 @@
 //! - [`object`]: the few fields of a Kubernetes object the cache indexes;
 //! - [`revision`]: pure decisions: update revision, `PodNeedUpgrade`, in place or recreate;
 //! - [`names`]: DNS-1123 name rules;
+//! - [`attest`]: device attestation for a first node certificate (factory key and fleet CA);
 //! - [`controller`]: the cloud-side `edgehub controller` (kube-rs, feature `controller`).
 
 pub mod api;
+pub mod attest;
 pub mod backoff;
 pub mod config;
 /// The cloud-side `edgehub controller`: its pure decision is always built (and tested); its
