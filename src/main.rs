@@ -128,6 +128,11 @@ struct ControllerArgs {
     /// Seconds between reconciles of a DaemonSet when nothing changes.
     #[arg(long, default_value_t = 300)]
     resync_secs: u64,
+    /// Approve a node's first certificate only for a device whose factory certificate chains
+    /// to this fleet CA (key ca.crt of configmap/<namespace>/<name> or
+    /// secret/<namespace>/<name>), and deny the rest. Off without it.
+    #[arg(long, value_name = "KIND/NAMESPACE/NAME")]
+    attest_fleet_ca: Option<edgehub::controller::approve::CaSource>,
 }
 
 fn main() -> ExitCode {
@@ -454,6 +459,7 @@ fn controller(cli: &Cli, args: &ControllerArgs) -> anyhow::Result<()> {
             retry_period: Duration::from_secs(args.retry_period_secs),
         },
         resync: Duration::from_secs(args.resync_secs.max(1)),
+        attest_fleet_ca: args.attest_fleet_ca.clone(),
         ..controller::Options::default()
     };
     if opts.lease.renew_deadline >= opts.lease.lease_duration {

@@ -38,7 +38,7 @@ mod sign;
 mod verify;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use sign::{FactoryKey, KeyError};
 pub use verify::{verify, Denial, FleetCa, FleetCaError, VerifiedDevice};

@@ -1,5 +1,6 @@
 //! Every denial and the happy path, with a fleet CA, intermediates and factory certificates
-//! made here by rcgen, and the signing done by [`FactoryKey`] as on the device.
+//! made here by rcgen, and the signing done by [`FactoryKey`] as on the device. The PKI
+//! helpers are shared with the controller's approver tests.
 
 use super::*;
 use rcgen::{
@@ -9,14 +10,14 @@ use rcgen::{
 };
 
 /// 2026-12-02, inside every test certificate's default window.
-const NOW: u64 = 1_796_169_600;
+pub(crate) const NOW: u64 = 1_796_169_600;
 
-struct Ca {
-    pem: String,
+pub(crate) struct Ca {
+    pub(crate) pem: String,
     issuer: Issuer<'static, KeyPair>,
 }
 
-fn ca(name: &str) -> Ca {
+pub(crate) fn ca(name: &str) -> Ca {
     let key = KeyPair::generate().unwrap();
     let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
     p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -56,9 +57,9 @@ fn factory_params(sans: &[&str]) -> CertificateParams {
 }
 
 /// A device: its factory key (PEM) and chain (PEM, factory certificate first).
-struct Device {
-    key_pem: String,
-    chain_pem: String,
+pub(crate) struct Device {
+    pub(crate) key_pem: String,
+    pub(crate) chain_pem: String,
 }
 
 fn device_with(
@@ -79,12 +80,12 @@ fn device_with(
     }
 }
 
-fn device(fleet: &Ca, name: &str) -> Device {
+pub(crate) fn device(fleet: &Ca, name: &str) -> Device {
     device_with(fleet, &[], factory_params(&[name]), &PKCS_ECDSA_P256_SHA256)
 }
 
 impl Device {
-    fn key(&self) -> FactoryKey {
+    pub(crate) fn key(&self) -> FactoryKey {
         FactoryKey::from_pem(self.key_pem.as_bytes(), self.chain_pem.as_bytes()).unwrap()
     }
 }
@@ -94,7 +95,7 @@ fn csr_spki() -> Vec<u8> {
     KeyPair::generate().unwrap().subject_public_key_info()
 }
 
-fn fleet_ca(ca: &Ca) -> FleetCa {
+pub(crate) fn fleet_ca(ca: &Ca) -> FleetCa {
     FleetCa::from_pem(ca.pem.as_bytes()).unwrap()
 }
 
