@@ -27,6 +27,7 @@ pub mod controller;
 pub mod cri;
 pub mod failpoint;
 pub mod kube;
+pub mod link;
 pub mod local_client;
 pub mod logs;
 pub mod mountns;
