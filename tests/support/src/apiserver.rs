@@ -1766,6 +1766,9 @@ const FIELDS: &[(&str, &str)] = &[
     ("metadata.name", "/metadata/name"),
     ("metadata.namespace", "/metadata/namespace"),
     ("spec.nodeName", "/spec/nodeName"),
+    // CertificateSigningRequests' own selectable field (kubectl get csr --field-selector
+    // spec.signerName=...), as the attested approver watches them.
+    ("spec.signerName", "/spec/signerName"),
 ];
 
 struct Filter {
@@ -1787,7 +1790,9 @@ impl Filter {
             let (Req::Eq(k, _) | Req::Ne(k, _)) = r else {
                 return Err(bad("field selectors support only =, == and !=".into()));
             };
-            if !FIELDS.iter().any(|(f, _)| f == k) || (k == "spec.nodeName" && rt.plural != "pods")
+            if !FIELDS.iter().any(|(f, _)| f == k)
+                || (k == "spec.nodeName" && rt.plural != "pods")
+                || (k == "spec.signerName" && rt.plural != "certificatesigningrequests")
             {
                 return Err(bad(format!("field label not supported: {k}")));
             }
