@@ -280,7 +280,8 @@ pub(in crate::controller) async fn run(
     let mut events = watcher(api, wc).default_backoff().boxed();
     // CSRs to try again, by name, as last seen.
     let mut waiting: BTreeMap<String, CertificateSigningRequest> = BTreeMap::new();
-    let mut retry = tokio::time::interval(RETRY);
+    // The first retry one period on (a plain interval's first tick is at once).
+    let mut retry = tokio::time::interval_at(tokio::time::Instant::now() + RETRY, RETRY);
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
