@@ -10,6 +10,7 @@
 //! values) so every rule is unit-tested; [`Config::load`] does the I/O around it.
 
 pub use crate::api::ApiConfig;
+pub use crate::identity::IdentityConfig;
 pub use crate::logs::LogsConfig;
 pub use crate::node::{NodeConfig, Taint};
 pub use crate::outbox::ReportConfig;
@@ -45,6 +46,7 @@ pub struct Config {
     pub report: ReportConfig,
     pub logs: LogsConfig,
     pub seal: SealConfig,
+    pub identity: IdentityConfig,
 }
 
 impl Config {
@@ -99,6 +101,15 @@ struct FileConfig {
     logs: FileLogs,
     #[serde(default)]
     seal: FileSeal,
+    #[serde(default)]
+    identity: FileIdentity,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileIdentity {
+    bootstrap_kubeconfig: Option<PathBuf>,
+    cert_expiration_secs: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -527,6 +538,22 @@ impl Config {
                 ));
             }
         }
+        let identity = IdentityConfig {
+            bootstrap_kubeconfig: file.identity.bootstrap_kubeconfig,
+            cert_expiration_secs: match file.identity.cert_expiration_secs {
+                None => None,
+                Some(v) => Some(between(
+                    "identity.cert_expiration_secs",
+                    Some(v),
+                    v,
+                    600,
+                    u32::MAX as u64,
+                )? as u32),
+            },
+        };
+        if let Some(p) = &identity.bootstrap_kubeconfig {
+            absolute("identity.bootstrap_kubeconfig", p)?;
+        }
         Ok(Config {
             node_name,
             data_dir,
@@ -541,6 +568,7 @@ impl Config {
             report,
             logs,
             seal,
+            identity,
         })
     }
 }
