@@ -187,7 +187,7 @@ fn load_config(cli: &Cli) -> anyhow::Result<Config> {
 }
 
 fn api_client(config: &Config) -> anyhow::Result<ApiClient> {
-    Ok(ApiClient::from_config(config)?)
+    Ok(config.api_client()?)
 }
 
 /// The node's client, and with `[identity] bootstrap_kubeconfig` the task that makes and
@@ -198,12 +198,7 @@ fn node_client(
     let Some(boot) = &config.identity.bootstrap_kubeconfig else {
         return Ok((api_client(config)?, None));
     };
-    let opts = edgehub::kube::ClientOptions {
-        timeout: config.sync.request_timeout,
-        watch_idle_timeout: config.sync.watch_idle_timeout,
-        max_body: config.sync.max_event_bytes,
-        node_name: config.node_name.clone(),
-    };
+    let opts = config.client_options();
     let (client, identity) = edgehub::identity::Identity::setup(
         &config.identity,
         boot,
