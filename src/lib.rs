@@ -10,6 +10,7 @@
 //! - [`config`]: file + env + flags → a validated [`config::Config`];
 //! - [`store`]: the SQLite cache, the only module that writes SQL;
 //! - [`kube`]: a small apiserver client (kubeconfig, rustls, typed requests, watch streams);
+//! - [`identity`]: TLS bootstrap and rotation of the node's client certificate;
 //! - [`sync`]: reflectors that list/watch the apiserver into the store, and link health;
 //! - [`object`]: the few fields of a Kubernetes object the cache indexes;
 //! - [`revision`]: pure decisions: update revision, `PodNeedUpgrade`, in place or recreate;
@@ -26,6 +27,7 @@ pub mod config;
 pub mod controller;
 pub mod cri;
 pub mod failpoint;
+pub mod identity;
 pub mod kube;
 pub mod link;
 pub mod local_client;

@@ -195,6 +195,25 @@ fn api_client(config: &Config) -> anyhow::Result<ApiClient> {
     Ok(config.api_client()?)
 }
 
+/// The node's client, and with `[identity] bootstrap_kubeconfig` the task that makes and
+/// renews its credential.
+fn node_client(
+    config: &Config,
+) -> anyhow::Result<(ApiClient, Option<edgehub::identity::Identity>)> {
+    let Some(boot) = &config.identity.bootstrap_kubeconfig else {
+        return Ok((api_client(config)?, None));
+    };
+    let opts = config.client_options();
+    let (client, identity) = edgehub::identity::Identity::setup(
+        &config.identity,
+        boot,
+        &config.data_dir,
+        &config.node_name,
+        opts,
+    )?;
+    Ok((client, Some(identity)))
+}
+
 fn check_config(cli: &Cli) -> anyhow::Result<()> {
     let config = load_config(cli)?;
     println!("node_name   = {}", config.node_name);
@@ -212,7 +231,7 @@ fn check_config(cli: &Cli) -> anyhow::Result<()> {
         None => println!("seal        = none (Secrets and tokens are kept in the clear)"),
     }
     println!("cri_socket  = {}", config.cri_socket.display());
-    let client = api_client(&config)?;
+    let (client, _) = node_client(&config)?;
     println!("apiserver   = {}", client.server());
     println!("config OK");
     Ok(())
@@ -259,7 +278,8 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
     let cri_health = cri::spawn_monitor(CriClient::new(&config.cri_socket), shutdown_rx.clone());
     let token = listen::read_token(&config.api)?;
     let listeners = listen::bind(config.api_addr, &config.api).await?;
-    let client = api_client(&config)?;
+    let (client, identity) = node_client(&config)?;
+    let identity_task = identity.map(|i| tokio::spawn(i.run(shutdown_rx.clone())));
     let probe = Arc::new(node::HostProbe {
         data_dir: config.data_dir.clone(),
         apiserver: node::server_host_port(client.server()),
@@ -376,6 +396,9 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
     let _ = engine_task.await;
     let _ = sources_task.await;
     let _ = report_task.await;
+    if let Some(t) = identity_task {
+        let _ = t.await;
+    }
     sync.join().await;
     tracing::info!("stopped");
     Ok(())

@@ -29,6 +29,15 @@ pub(super) struct FileConfig {
     pub(super) logs: FileLogs,
     #[serde(default)]
     pub(super) seal: FileSeal,
+    #[serde(default)]
+    pub(super) identity: FileIdentity,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FileIdentity {
+    pub(super) bootstrap_kubeconfig: Option<PathBuf>,
+    pub(super) cert_expiration_secs: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -10,6 +10,7 @@
 //! values) so every rule is unit-tested; [`Config::load`] does the I/O around it.
 
 pub use crate::api::ApiConfig;
+pub use crate::identity::IdentityConfig;
 pub use crate::logs::LogsConfig;
 pub use crate::node::{NodeConfig, Taint};
 pub use crate::outbox::ReportConfig;
@@ -54,6 +55,7 @@ pub struct Config {
     pub report: ReportConfig,
     pub logs: LogsConfig,
     pub seal: SealConfig,
+    pub identity: IdentityConfig,
 }
 
 impl Config {
@@ -61,17 +63,21 @@ impl Config {
         self.data_dir.join("edgehub.db")
     }
 
-    /// Reads the kubeconfig this names and builds an apiserver client with the sync section's
-    /// limits. Here rather than in `kube`, so the client knows nothing of the config file.
-    pub fn api_client(&self) -> Result<ApiClient, ClientSetupError> {
-        let kc = Kubeconfig::load(&self.kubeconfig)?;
-        let opts = ClientOptions {
+    /// The apiserver client's limits, from the sync section.
+    pub fn client_options(&self) -> ClientOptions {
+        ClientOptions {
             timeout: self.sync.request_timeout,
             watch_idle_timeout: self.sync.watch_idle_timeout,
             max_body: self.sync.max_event_bytes,
             node_name: self.node_name.clone(),
-        };
-        ApiClient::new(&kc, opts).map_err(|source| ClientSetupError::Tls {
+        }
+    }
+
+    /// Reads the kubeconfig this names and builds an apiserver client with the sync section's
+    /// limits. Here rather than in `kube`, so the client knows nothing of the config file.
+    pub fn api_client(&self) -> Result<ApiClient, ClientSetupError> {
+        let kc = Kubeconfig::load(&self.kubeconfig)?;
+        ApiClient::new(&kc, self.client_options()).map_err(|source| ClientSetupError::Tls {
             path: self.kubeconfig.clone(),
             source,
         })
@@ -232,6 +238,7 @@ impl Config {
         let report = sections::report(file.report)?;
         let logs = sections::logs(file.logs)?;
         let seal = sections::seal(file.seal)?;
+        let identity = sections::identity(file.identity)?;
         Ok(Config {
             node_name,
             data_dir,
@@ -246,6 +253,7 @@ impl Config {
             report,
             logs,
             seal,
+            identity,
         })
     }
 }

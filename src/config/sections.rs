@@ -2,9 +2,12 @@
 //! every value checked and bounded, errors naming the field.
 
 use super::checks::{check_label_key, check_label_value, check_node_label};
-use super::file::{FileApi, FileLogs, FileNode, FileReport, FileSeal, FileSync, FileUpgrade};
+use super::file::{
+    FileApi, FileIdentity, FileLogs, FileNode, FileReport, FileSeal, FileSync, FileUpgrade,
+};
 use super::{invalid, ConfigError};
 use crate::api::ApiConfig;
+use crate::identity::IdentityConfig;
 use crate::logs::LogsConfig;
 use crate::node::NodeConfig;
 use crate::outbox::ReportConfig;
@@ -362,4 +365,24 @@ pub(super) fn absolute(field: &str, p: &Path) -> Result<(), ConfigError> {
             format!("{} must be an absolute path", p.display()),
         ))
     }
+}
+
+pub(super) fn identity(i: FileIdentity) -> Result<IdentityConfig, ConfigError> {
+    let cert_expiration_secs = match i.cert_expiration_secs {
+        None => None,
+        Some(v) => Some(between(
+            "identity.cert_expiration_secs",
+            Some(v),
+            v,
+            600,
+            u32::MAX as u64,
+        )? as u32),
+    };
+    if let Some(p) = &i.bootstrap_kubeconfig {
+        absolute("identity.bootstrap_kubeconfig", p)?;
+    }
+    Ok(IdentityConfig {
+        bootstrap_kubeconfig: i.bootstrap_kubeconfig,
+        cert_expiration_secs,
+    })
 }

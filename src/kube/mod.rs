@@ -6,6 +6,7 @@
 //! store keeps them exactly as sent.
 
 mod client;
+pub mod credential;
 mod error;
 pub mod kubeconfig;
 pub mod resource;
