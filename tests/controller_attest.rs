@@ -11,6 +11,10 @@ mod controller_common;
 use base64::Engine;
 use controller_common::*;
 use edgehub::attest::{FactoryKey, ANNOTATION};
+use edgehub::identity::request::{obtain, RequestError};
+use edgehub::identity::{Identity, IdentityConfig};
+use edgehub::kube::resource::NODES;
+use edgehub::kube::{ApiClient, ClientOptions, Kubeconfig};
 use edgehub_testsupport::certs::node_csr;
 use edgehub_testsupport::{fixture, BootstrapToken, ClientPem, FakeApiServer};
 use rcgen::{
@@ -43,8 +47,8 @@ fn ca(cn: &str) -> Ca {
     }
 }
 
-/// A vehicle's factory key and certificate (dNSName = its node name), from `ca`.
-fn factory(ca: &Ca, node: &str) -> FactoryKey {
+/// A vehicle's factory key and certificate (dNSName = its node name), from `ca`: PEMs.
+fn factory_pems(ca: &Ca, node: &str) -> (String, String) {
     let key = KeyPair::generate().unwrap();
     let mut p = CertificateParams::new(vec![node.to_string()]).unwrap();
     let mut dn = DistinguishedName::new();
@@ -52,7 +56,18 @@ fn factory(ca: &Ca, node: &str) -> FactoryKey {
     p.distinguished_name = dn;
     p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
     let cert = p.signed_by(&key, &ca.issuer).unwrap();
-    FactoryKey::from_pem(key.serialize_pem().as_bytes(), cert.pem().as_bytes()).unwrap()
+    (key.serialize_pem(), cert.pem())
+}
+
+fn factory(ca: &Ca, node: &str) -> FactoryKey {
+    let (key, chain) = factory_pems(ca, node);
+    FactoryKey::from_pem(key.as_bytes(), chain.as_bytes()).unwrap()
+}
+
+fn fleet_ca_configmap(ca: &Ca) -> Value {
+    json!({"apiVersion": "v1", "kind": "ConfigMap",
+           "metadata": {"name": "edgehub-fleet-ca", "namespace": "kube-system"},
+           "data": {"ca.crt": ca.pem}})
 }
 
 /// A CSR as the device posts it: the recorded bootstrap request's body with a fresh key for
@@ -156,12 +171,7 @@ async fn only_a_device_whose_factory_certificate_names_it_gets_a_first_certifica
         pending.pointer("/status/conditions").is_none(),
         "decided without a fleet CA: {pending}"
     );
-    server.apply(
-        "configmaps",
-        json!({"apiVersion": "v1", "kind": "ConfigMap",
-               "metadata": {"name": "edgehub-fleet-ca", "namespace": "kube-system"},
-               "data": {"ca.crt": fleet.pem}}),
-    );
+    server.apply("configmaps", fleet_ca_configmap(&fleet));
 
     // 1. A device with a valid factory certificate for its name: approved, then issued.
     let (kind, reason, message) = decision(&server, &first).await;
@@ -269,5 +279,98 @@ async fn only_a_device_whose_factory_certificate_names_it_gets_a_first_certifica
         ctl.metric("edgehub_controller_csr_decisions_total{decision=\"denied\"}"),
         Some(4.0)
     );
+    assert_deploy_rbac_allows_every_request(&server);
+}
+
+fn opts(node: &str) -> ClientOptions {
+    ClientOptions {
+        timeout: Duration::from_secs(5),
+        watch_idle_timeout: Duration::from_secs(30),
+        max_body: 4 << 20,
+        node_name: node.into(),
+    }
+}
+
+/// The device's own code: `[identity]` with the factory key and chain files, the identity
+/// task's TLS bootstrap (identity::csr::build, then the attestation, then the create) and the
+/// controller's decision. The right vehicle registers its Node; one whose factory certificate
+/// names another vehicle gets the denial, with its reason, from its own CSR round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edgehubs_own_bootstrap_carries_the_attestation_the_controller_approves() {
+    let server = FakeApiServer::start().await.unwrap();
+    let token = BootstrapToken::new("edge01", "0123456789abcdef");
+    server.add_bootstrap_token(token.clone());
+    server.set_csr_autoapprove_bindings(false, true);
+    let fleet = ca("fleet-ca");
+    server.apply("configmaps", fleet_ca_configmap(&fleet));
+    let dir = tempfile::tempdir().unwrap();
+    let kc = admin_kubeconfig(&server, dir.path());
+    let ctl = Controller::start(&kc, "replica-a", &["--attest-fleet-ca", FLEET_CA]);
+    wait_until(30, "the controller leads", || ctl.leading()).await;
+
+    let boot = server
+        .write_kubeconfig(&dir.path().join("etc"), &token.bearer())
+        .unwrap();
+    let factory_dir = dir.path().join("factory");
+    std::fs::create_dir_all(&factory_dir).unwrap();
+    let (key, chain) = factory_pems(&fleet, "edge-1");
+    std::fs::write(factory_dir.join("key.pem"), key).unwrap();
+    std::fs::write(factory_dir.join("chain.pem"), chain).unwrap();
+    let cfg = IdentityConfig {
+        bootstrap_kubeconfig: Some(boot.clone()),
+        factory_key_file: Some(factory_dir.join("key.pem")),
+        factory_cert_file: Some(factory_dir.join("chain.pem")),
+        ..IdentityConfig::default()
+    };
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let (client, identity) = Identity::setup(&cfg, &boot, &data, "edge-1", opts("edge-1")).unwrap();
+    let attestation = identity.attestation.clone().unwrap();
+    let stats = identity.stats.clone();
+    let (_stop_tx, stop) = tokio::sync::watch::channel(false);
+    tokio::spawn(identity.run(stop));
+    wait_until(30, "edge-1's first certificate", || {
+        stats.bootstraps.load(std::sync::atomic::Ordering::Relaxed) == 1
+    })
+    .await;
+    let node = json!({"apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "edge-1", "labels": {"kubernetes.io/hostname": "edge-1"}}});
+    client
+        .create(&NODES, None, serde_json::to_vec(&node).unwrap())
+        .await
+        .unwrap();
+    let csrs = server.csrs();
+    assert_eq!(csrs.len(), 1);
+    let (kind, reason, _) = decision(&server, csrs[0]["metadata"]["name"].as_str().unwrap()).await;
+    assert_eq!(
+        (kind.as_str(), reason.as_str()),
+        ("Approved", "AttestedDeviceApproved")
+    );
+    assert!(csrs[0]["metadata"]["annotations"][ANNOTATION].is_string());
+
+    // The same firmware (token, factory key of edge-1) configured as edge-2: denied, and the
+    // device's round says why.
+    let boot_client = ApiClient::new(&Kubeconfig::load(&boot).unwrap(), opts("edge-2")).unwrap();
+    let e = obtain(
+        &boot_client,
+        "edge-2",
+        None,
+        &Default::default(),
+        Some(&attestation),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(&e, RequestError::Denied { reason, .. } if reason == "NodeNameMismatch"),
+        "{e}"
+    );
+    println!("edge-2's round: {e}");
+    // A factory key that is not its certificate's is refused at setup, before any request.
+    let (other_key, _) = factory_pems(&fleet, "edge-1");
+    std::fs::write(factory_dir.join("key.pem"), other_key).unwrap();
+    let e = Identity::setup(&cfg, &boot, &data, "edge-1", opts("edge-1"))
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("does not match"), "{e}");
     assert_deploy_rbac_allows_every_request(&server);
 }

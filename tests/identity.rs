@@ -55,6 +55,7 @@ fn setup(d: &Device) -> (ApiClient, Identity) {
     let cfg = IdentityConfig {
         bootstrap_kubeconfig: Some(d.boot.clone()),
         cert_expiration_secs: None,
+        ..IdentityConfig::default()
     };
     let (c, mut i) = Identity::setup(&cfg, &d.boot, &d.data, "edge-1", opts()).unwrap();
     i.backoff.initial = Duration::from_millis(100);
@@ -307,7 +308,9 @@ async fn a_round_names_what_went_wrong() {
             message: "no factory certificate".into(),
         }
     })));
-    let e = obtain(&boot, "edge-1", None, &none).await.unwrap_err();
+    let e = obtain(&boot, "edge-1", None, &none, None)
+        .await
+        .unwrap_err();
     assert!(
         matches!(e, RequestError::Denied { ref reason, .. } if reason == "NotAttested"),
         "{e}"
@@ -318,7 +321,7 @@ async fn a_round_names_what_went_wrong() {
     s.set_csr_approver(Some(Arc::new(|_: &edgehub_testsupport::CsrRequest| {
         Approval::Pending
     })));
-    let (r, ()) = tokio::join!(obtain(&boot, "edge-1", None, &none), async {
+    let (r, ()) = tokio::join!(obtain(&boot, "edge-1", None, &none, None), async {
         tokio::time::sleep(Duration::from_millis(300)).await;
         for c in s.csrs() {
             s.remove(
@@ -332,10 +335,14 @@ async fn a_round_names_what_went_wrong() {
 
     // An expired bootstrap token: the plain 401.
     s.remove_bootstrap_token("edge01");
-    let e = obtain(&boot, "edge-1", None, &none).await.unwrap_err();
+    let e = obtain(&boot, "edge-1", None, &none, None)
+        .await
+        .unwrap_err();
     assert!(e.is_unauthorized(), "{e}");
     // The apiserver down: offline, tried again later.
     s.set_offline(true).await.unwrap();
-    let e = obtain(&boot, "edge-1", None, &none).await.unwrap_err();
+    let e = obtain(&boot, "edge-1", None, &none, None)
+        .await
+        .unwrap_err();
     assert!(e.is_offline(), "{e}");
 }

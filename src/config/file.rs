@@ -38,6 +38,8 @@ pub(super) struct FileConfig {
 pub(super) struct FileIdentity {
     pub(super) bootstrap_kubeconfig: Option<PathBuf>,
     pub(super) cert_expiration_secs: Option<u64>,
+    pub(super) factory_key_file: Option<PathBuf>,
+    pub(super) factory_cert_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -381,8 +381,24 @@ pub(super) fn identity(i: FileIdentity) -> Result<IdentityConfig, ConfigError> {
     if let Some(p) = &i.bootstrap_kubeconfig {
         absolute("identity.bootstrap_kubeconfig", p)?;
     }
+    for (key, p) in [
+        ("identity.factory_key_file", &i.factory_key_file),
+        ("identity.factory_cert_file", &i.factory_cert_file),
+    ] {
+        if let Some(p) = p {
+            absolute(key, p)?;
+        }
+    }
+    if i.factory_key_file.is_some() != i.factory_cert_file.is_some() {
+        return Err(invalid(
+            "identity.factory_key_file",
+            "factory_key_file and factory_cert_file go together (the device attestation needs both)",
+        ));
+    }
     Ok(IdentityConfig {
         bootstrap_kubeconfig: i.bootstrap_kubeconfig,
         cert_expiration_secs,
+        factory_key_file: i.factory_key_file,
+        factory_cert_file: i.factory_cert_file,
     })
 }

@@ -382,3 +382,39 @@ fn env_overrides_apply() {
     assert_eq!(c.cri_socket, Path::new("/run/x.sock"));
     assert_eq!(c.log, "debug");
 }
+
+#[test]
+fn the_factory_key_and_chain_files_go_together_and_are_absolute() {
+    let file = "[identity]\nfactory_key_file = \"/etc/edgehub/factory/key.pem\"\nfactory_cert_file = \"/etc/edgehub/factory/chain.pem\"\n";
+    let c = resolve(Some(file), &[], &Overrides::default()).unwrap();
+    assert_eq!(
+        c.identity.factory_key_file.as_deref(),
+        Some(Path::new("/etc/edgehub/factory/key.pem"))
+    );
+    assert_eq!(
+        c.identity.factory_cert_file.as_deref(),
+        Some(Path::new("/etc/edgehub/factory/chain.pem"))
+    );
+    for (file, field) in [
+        (
+            "[identity]\nfactory_key_file = \"/k.pem\"",
+            "identity.factory_key_file",
+        ),
+        (
+            "[identity]\nfactory_cert_file = \"/c.pem\"",
+            "identity.factory_key_file",
+        ),
+        (
+            "[identity]\nfactory_key_file = \"k.pem\"\nfactory_cert_file = \"/c.pem\"",
+            "identity.factory_key_file",
+        ),
+        (
+            "[identity]\nfactory_key_file = \"/k.pem\"\nfactory_cert_file = \"c.pem\"",
+            "identity.factory_cert_file",
+        ),
+    ] {
+        let e = resolve(Some(file), &[], &Overrides::default()).unwrap_err();
+        let msg = e.to_string();
+        assert_eq!(field_of(e), field, "{file}: {msg}");
+    }
+}

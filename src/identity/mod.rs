@@ -36,6 +36,11 @@ pub struct IdentityConfig {
     pub bootstrap_kubeconfig: Option<PathBuf>,
     /// The `expirationSeconds` asked for (the signer's own duration when `None`).
     pub cert_expiration_secs: Option<u32>,
+    /// The factory key (PKCS#8 PEM) and its certificate chain (PEM, the factory certificate
+    /// first): with both, every CSR carries the device attestation ([`crate::attest`]) that
+    /// the controller's attested approval checks. Both or neither.
+    pub factory_key_file: Option<PathBuf>,
+    pub factory_cert_file: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +55,8 @@ pub enum IdentityError {
     },
     #[error("node credential {path}: {reason}")]
     Credential { path: PathBuf, reason: String },
+    #[error("factory_key_file / factory_cert_file: {0}")]
+    Factory(#[from] crate::attest::KeyError),
 }
 
 /// What the identity task has done, for benchmarks and the status.
@@ -94,8 +101,10 @@ pub struct Identity {
     path: PathBuf,
     expiration_secs: Option<u32>,
     current: Option<Credential>,
-    /// Added to every CSR (the attestation goes here).
+    /// Added to every CSR.
     pub annotations: BTreeMap<String, String>,
+    /// Signs every CSR's key and node name into the attestation annotation.
+    pub attestation: Option<Arc<crate::attest::FactoryKey>>,
     pub stats: Arc<IdentityStats>,
     pub backoff: BackoffPolicy,
     /// How long a new credential may go without an answer before it is kept anyway.
@@ -145,6 +154,14 @@ impl Identity {
                 })
             }
         };
+        // Read at startup, so a factory key that does not match its certificate is a clear
+        // error now, not a denial from the controller later.
+        let attestation = match (&config.factory_key_file, &config.factory_cert_file) {
+            (Some(key), Some(chain)) => {
+                Some(Arc::new(crate::attest::FactoryKey::load(key, chain)?))
+            }
+            _ => None,
+        };
         let client = ApiClient::new(&bootstrap, opts.clone()).map_err(tls)?;
         match &current {
             Some(c) => client
@@ -164,6 +181,7 @@ impl Identity {
                 expiration_secs: config.cert_expiration_secs,
                 current,
                 annotations: BTreeMap::new(),
+                attestation,
                 stats: Arc::default(),
                 backoff: BackoffPolicy {
                     initial: Duration::from_secs(1),
@@ -242,6 +260,7 @@ impl Identity {
                 &self.node_name,
                 self.expiration_secs,
                 &self.annotations,
+                self.attestation.as_deref(),
             )
             .await?
         } else {
@@ -260,6 +279,7 @@ impl Identity {
                 &self.node_name,
                 self.expiration_secs,
                 &self.annotations,
+                self.attestation.as_deref(),
             )
             .await?
         };

@@ -110,8 +110,20 @@ pub async fn obtain(
     node_name: &str,
     expiration_secs: Option<u32>,
     annotations: &std::collections::BTreeMap<String, String>,
+    attestation: Option<&crate::attest::FactoryKey>,
 ) -> Result<Issued, RequestError> {
-    let req = csr::build(node_name, expiration_secs, annotations)?;
+    let mut req = csr::build(node_name, expiration_secs, annotations)?;
+    if let Some(key) = attestation {
+        // The factory key signs this CSR's key and node name (attest::message); the
+        // attested approver in `edgehub controller` checks it against the fleet CA.
+        let a = key
+            .sign(&req.public_key_der, node_name)
+            .map_err(|e| RequestError::Bad {
+                name: "node-csr-".into(),
+                reason: format!("the device attestation: {e}"),
+            })?;
+        req.object["metadata"]["annotations"][crate::attest::ANNOTATION] = a.into();
+    }
     let body = serde_json::to_vec(&req.object).map_err(|e| RequestError::Bad {
         name: "node-csr-".into(),
         reason: e.to_string(),
