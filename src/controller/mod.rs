@@ -8,8 +8,9 @@
 //! - [`pending`]: deletions in flight until the watch shows them (expectations);
 //! - [`election`]: the pure leader-election rules for the Lease;
 //! - [`metrics`]: the `/metrics` text;
-//! - `views`, `run`, `lease` (feature `controller` only): kube-rs reflectors, the reconcile
-//!   loop, Events, the Lease, the HTTP endpoint and shutdown;
+//! - `views`, `run`, `reconcile`, `lease` (feature `controller` only): kube-rs reflectors and
+//!   the loop, one DaemonSet's reconcile and its Events, the Lease, the HTTP endpoint and
+//!   shutdown;
 //! - [`approve`] (feature `controller` only, opt-in): attested approval of a node's first
 //!   certificate (its pure decision parses PKCS#10 with x509-parser, hence the feature).
 //!
@@ -28,6 +29,8 @@ pub mod approve;
 
 #[cfg(feature = "controller")]
 mod lease;
+#[cfg(feature = "controller")]
+mod reconcile;
 #[cfg(feature = "controller")]
 mod run;
 #[cfg(feature = "controller")]
