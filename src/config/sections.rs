@@ -395,6 +395,12 @@ pub(super) fn identity(i: FileIdentity) -> Result<IdentityConfig, ConfigError> {
             "factory_key_file and factory_cert_file go together (the device attestation needs both)",
         ));
     }
+    if i.factory_key_file.is_some() && i.bootstrap_kubeconfig.is_none() {
+        return Err(invalid(
+            "identity.factory_key_file",
+            "the device attestation signs the CSRs of TLS bootstrap: set identity.bootstrap_kubeconfig too",
+        ));
+    }
     Ok(IdentityConfig {
         bootstrap_kubeconfig: i.bootstrap_kubeconfig,
         cert_expiration_secs,

@@ -385,7 +385,7 @@ fn env_overrides_apply() {
 
 #[test]
 fn the_factory_key_and_chain_files_go_together_and_are_absolute() {
-    let file = "[identity]\nfactory_key_file = \"/etc/edgehub/factory/key.pem\"\nfactory_cert_file = \"/etc/edgehub/factory/chain.pem\"\n";
+    let file = "[identity]\nbootstrap_kubeconfig = \"/etc/edgehub/bootstrap-kubeconfig\"\nfactory_key_file = \"/etc/edgehub/factory/key.pem\"\nfactory_cert_file = \"/etc/edgehub/factory/chain.pem\"\n";
     let c = resolve(Some(file), &[], &Overrides::default()).unwrap();
     assert_eq!(
         c.identity.factory_key_file.as_deref(),
@@ -411,6 +411,11 @@ fn the_factory_key_and_chain_files_go_together_and_are_absolute() {
         (
             "[identity]\nfactory_key_file = \"/k.pem\"\nfactory_cert_file = \"c.pem\"",
             "identity.factory_cert_file",
+        ),
+        // Without TLS bootstrap there is no CSR to sign.
+        (
+            "[identity]\nfactory_key_file = \"/k.pem\"\nfactory_cert_file = \"/c.pem\"",
+            "identity.factory_key_file",
         ),
     ] {
         let e = resolve(Some(file), &[], &Overrides::default()).unwrap_err();
