@@ -374,3 +374,39 @@ async fn edgehubs_own_bootstrap_carries_the_attestation_the_controller_approves(
     assert!(e.to_string().contains("does not match"), "{e}");
     assert_deploy_rbac_allows_every_request(&server);
 }
+
+/// The fleet CA may be a Secret instead (key `ca.crt`, base64 in `data` as Secrets are); a
+/// Secret needs its own `get` rule, which deploy/controller.yaml does not grant (the
+/// documented setup uses the ConfigMap), so this test checks no RBAC.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_ca_can_be_a_secret() {
+    let server = FakeApiServer::start().await.unwrap();
+    let token = BootstrapToken::new("edge01", "0123456789abcdef");
+    server.add_bootstrap_token(token.clone());
+    server.set_csr_autoapprove_bindings(false, true);
+    let fleet = ca("fleet-ca");
+    server.apply(
+        "secrets",
+        json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+               "metadata": {"name": "edgehub-fleet-ca", "namespace": "kube-system"},
+               "data": {"ca.crt": base64::engine::general_purpose::STANDARD.encode(&fleet.pem)}}),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let kc = admin_kubeconfig(&server, dir.path());
+    let ctl = Controller::start(
+        &kc,
+        "replica-a",
+        &["--attest-fleet-ca", "secret/kube-system/edgehub-fleet-ca"],
+    );
+    wait_until(30, "the controller leads", || ctl.leading()).await;
+    let edge7 = factory(&fleet, "edge-7");
+    let (body, _) = csr("edge-7", |spki| Some(edge7.sign(spki, "edge-7").unwrap()));
+    let name = post(&server, Some(&token.bearer()), None, &body).await;
+    let (kind, reason, message) = decision(&server, &name).await;
+    assert_eq!(
+        (kind.as_str(), reason.as_str()),
+        ("Approved", "AttestedDeviceApproved"),
+        "{message}"
+    );
+    issued_cert(&server, &name).await;
+}
