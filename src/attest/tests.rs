@@ -107,6 +107,9 @@ fn a_device_with_a_factory_certificate_for_its_name_is_verified() {
     let annotation = d.key().sign(&spki, "edge-1").unwrap();
     let v = verify(&annotation, &fleet_ca(&fleet), &spki, "edge-1", NOW).unwrap();
     assert_eq!(v.node_name, "edge-1");
+    // What a CSR carries for one P-256 factory certificate (printed for docs/controller.md).
+    println!("annotation: {} bytes", annotation.len());
+    assert!(annotation.len() < MAX_ANNOTATION / 16);
     assert!(!v.serial.is_empty() && v.serial.chars().all(|c| c.is_ascii_hexdigit()));
     // The annotation is the documented JSON.
     let j: serde_json::Value = serde_json::from_str(&annotation).unwrap();
