@@ -12,6 +12,7 @@ pub mod kubeconfig;
 pub mod resource;
 mod retry;
 pub mod tls;
+mod tls_error;
 pub mod watch;
 
 pub use client::{
