@@ -38,6 +38,7 @@ pub(super) struct FileConfig {
 pub(super) struct FileIdentity {
     pub(super) bootstrap_kubeconfig: Option<PathBuf>,
     pub(super) cert_expiration_secs: Option<u64>,
+    pub(super) node_name_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
