@@ -231,6 +231,42 @@ fn check_config(cli: &Cli) -> anyhow::Result<()> {
         None => println!("seal        = none (Secrets and tokens are kept in the clear)"),
     }
     println!("cri_socket  = {}", config.cri_socket.display());
+    if let Some(p) = &config.api.token_file {
+        edgehub::api::listen::read_token(&config.api)?;
+        println!("api.token   = {} (read)", p.display());
+    }
+    // The credentials: the node's kubeconfig, or the bootstrap kubeconfig and the node
+    // credential made from it.
+    let now = std::time::SystemTime::now();
+    let check = |what: &str, kc: &edgehub::kube::Kubeconfig| -> anyhow::Result<()> {
+        for line in edgehub::identity::check::credentials(kc, now)
+            .map_err(|e| anyhow::anyhow!("{what}: {e}"))?
+        {
+            println!("credential  = {what}: {line}");
+        }
+        Ok(())
+    };
+    match &config.identity.bootstrap_kubeconfig {
+        None => check(
+            "kubeconfig",
+            &edgehub::kube::Kubeconfig::load(&config.kubeconfig)?,
+        )?,
+        Some(b) => {
+            check("bootstrap_kubeconfig", &edgehub::kube::Kubeconfig::load(b)?)?;
+            let node = edgehub::identity::files::credential_path(&config.data_dir);
+            match std::fs::read_to_string(&node) {
+                Ok(text) => match edgehub::identity::check::client_cert_dates(&text, now) {
+                    Ok(line) => println!("credential  = node: {line}"),
+                    // Not fatal: the next round goes back to the bootstrap credential.
+                    Err(e) => println!("credential  = node: {e}; edgehub will bootstrap again"),
+                },
+                Err(_) => println!(
+                    "credential  = node: none yet ({}); made at the first bootstrap",
+                    node.display()
+                ),
+            }
+        }
+    }
     let (client, _) = node_client(&config)?;
     println!("apiserver   = {}", client.server());
     println!("config OK");

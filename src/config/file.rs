@@ -40,6 +40,7 @@ pub(super) struct FileIdentity {
     pub(super) cert_expiration_secs: Option<u64>,
     pub(super) factory_key_file: Option<PathBuf>,
     pub(super) factory_cert_file: Option<PathBuf>,
+    pub(super) node_name_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]

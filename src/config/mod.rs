@@ -145,16 +145,36 @@ impl Config {
         let env: Vec<(String, String)> = std::env::vars()
             .filter(|(k, _)| k.starts_with("EDGEHUB_"))
             .collect();
-        Config::resolve(text.as_deref(), path, &env, flags, hostname())
+        Config::resolve_reading(text.as_deref(), path, &env, flags, hostname(), &|p| {
+            std::fs::read_to_string(p)
+        })
     }
 
-    /// The pure layering and validation.
+    /// The pure layering and validation. A file the config names for its content
+    /// (`[identity] node_name_file`) cannot be read here: use [`Config::resolve_reading`].
     pub fn resolve(
         file_text: Option<&str>,
         file_path: &Path,
         env: &[(String, String)],
         flags: &Overrides,
         hostname: Option<String>,
+    ) -> Result<Config, ConfigError> {
+        Config::resolve_reading(file_text, file_path, env, flags, hostname, &|p| {
+            Err(std::io::Error::other(format!(
+                "{} is not read by Config::resolve",
+                p.display()
+            )))
+        })
+    }
+
+    /// [`Config::resolve`], with `read` for the files whose content is a setting.
+    pub fn resolve_reading(
+        file_text: Option<&str>,
+        file_path: &Path,
+        env: &[(String, String)],
+        flags: &Overrides,
+        hostname: Option<String>,
+        read: &dyn Fn(&Path) -> std::io::Result<String>,
     ) -> Result<Config, ConfigError> {
         let file: FileConfig = match file_text {
             Some(t) => toml::from_str(t).map_err(|e| ConfigError::Parse {
@@ -180,6 +200,24 @@ impl Config {
         };
 
         let node_name = pick(flags.node_name.clone(), "EDGEHUB_NODE_NAME", file.node_name);
+        // flag > env > file > the firmware's file (a VIN, a serial) > the hostname
+        let node_name = match (node_name, &file.identity.node_name_file) {
+            (None, Some(p)) => {
+                absolute("identity.node_name_file", p)?;
+                let text = read(p).map_err(|e| {
+                    invalid("identity.node_name_file", format!("{}: {e}", p.display()))
+                })?;
+                let n = text.trim().to_ascii_lowercase();
+                crate::names::check_subdomain(&n).map_err(|r| {
+                    invalid(
+                        "identity.node_name_file",
+                        format!("{}: {n:?} is not a valid node name ({r})", p.display()),
+                    )
+                })?;
+                Some(n)
+            }
+            (n, _) => n,
+        };
         let node_name = match node_name {
             Some(n) => {
                 crate::names::check_subdomain(&n).map_err(|r| invalid("node_name", r))?;

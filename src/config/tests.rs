@@ -423,3 +423,60 @@ fn the_factory_key_and_chain_files_go_together_and_are_absolute() {
         assert_eq!(field_of(e), field, "{file}: {msg}");
     }
 }
+
+#[test]
+fn the_node_name_can_come_from_a_firmware_file() {
+    let read = |p: &Path| -> std::io::Result<String> {
+        match p.to_str() {
+            Some("/run/firmware/vin") => Ok("1HGCM82633A004352\n".into()),
+            Some("/run/firmware/bad") => Ok("not a name!".into()),
+            _ => Err(std::io::Error::from(std::io::ErrorKind::NotFound)),
+        }
+    };
+    let go = |text: &str, flags: &Overrides| {
+        Config::resolve_reading(
+            Some(text),
+            Path::new("c.toml"),
+            &[],
+            flags,
+            Some("host-1".into()),
+            &read,
+        )
+    };
+    let file = "[identity]\nnode_name_file = \"/run/firmware/vin\"\n";
+    assert_eq!(
+        go(file, &Overrides::default()).unwrap().node_name,
+        "1hgcm82633a004352"
+    );
+    // The config's own node_name and the flag win over the file.
+    let named = format!("node_name = \"edge-7\"\n{file}");
+    assert_eq!(
+        go(&named, &Overrides::default()).unwrap().node_name,
+        "edge-7"
+    );
+    let flags = Overrides {
+        node_name: Some("edge-9".into()),
+        ..Default::default()
+    };
+    assert_eq!(go(file, &flags).unwrap().node_name, "edge-9");
+    for (text, want) in [
+        (
+            "[identity]\nnode_name_file = \"/run/firmware/bad\"\n",
+            "is not a valid node name",
+        ),
+        (
+            "[identity]\nnode_name_file = \"/run/firmware/none\"\n",
+            "/run/firmware/none",
+        ),
+        (
+            "[identity]\nnode_name_file = \"relative\"\n",
+            "identity.node_name_file",
+        ),
+    ] {
+        let e = go(text, &Overrides::default()).unwrap_err().to_string();
+        assert!(
+            e.contains(want) && e.contains("identity.node_name_file"),
+            "{e}"
+        );
+    }
+}

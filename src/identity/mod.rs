@@ -16,6 +16,7 @@
 //! its own clock.
 
 pub mod cert;
+pub mod check;
 pub mod csr;
 pub mod files;
 pub mod request;

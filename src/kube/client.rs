@@ -218,12 +218,15 @@ impl ApiClient {
             Ok(Ok(r)) => r,
         };
         let status = resp.status();
-        if status.is_success() {
-            self.cred.worked(cred.generation);
-            return Ok(resp);
-        }
+        // Any answer but a 401 means the credential authenticated (a 404 or 403 comes after
+        // authentication).
         if status == StatusCode::UNAUTHORIZED {
             self.cred.unauthorized(cred.generation);
+        } else {
+            self.cred.worked(cred.generation);
+        }
+        if status.is_success() {
+            return Ok(resp);
         }
         let retry_after = resp
             .headers()
@@ -333,7 +336,7 @@ fn rustls_error_in(err: &(dyn std::error::Error + 'static)) -> Option<String> {
     let mut cur = err;
     loop {
         if let Some(r) = cur.downcast_ref::<rustls::Error>() {
-            return Some(r.to_string());
+            return Some(super::tls_error::describe(r));
         }
         match cur
             .downcast_ref::<std::io::Error>()

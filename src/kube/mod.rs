@@ -13,6 +13,7 @@ pub mod resource;
 mod retry;
 mod stream;
 pub mod tls;
+mod tls_error;
 mod verbs;
 pub mod watch;
 
