@@ -65,6 +65,7 @@ async fn main() {
     let cfg = IdentityConfig {
         bootstrap_kubeconfig: Some(boot.clone()),
         cert_expiration_secs: None,
+        ..IdentityConfig::default()
     };
     let (client, identity) = Identity::setup(&cfg, &boot, &data, "edge-1", opts).unwrap();
     let stats = identity.stats.clone();
