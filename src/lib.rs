@@ -19,6 +19,7 @@
 pub mod api;
 pub mod backoff;
 pub mod config;
+pub mod containerd;
 /// The cloud-side `edgehub controller`: its pure decision is always built (and tested); its
 /// kube-rs I/O only with feature `controller`.
 pub mod controller;
