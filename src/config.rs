@@ -45,6 +45,7 @@ pub struct Config {
     pub report: ReportConfig,
     pub logs: LogsConfig,
     pub seal: SealConfig,
+    pub images: crate::images::ImagesConfig,
 }
 
 impl Config {
@@ -99,6 +100,18 @@ struct FileConfig {
     logs: FileLogs,
     #[serde(default)]
     seal: FileSeal,
+    #[serde(default)]
+    images: FileImages,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileImages {
+    max_archive_mib: Option<u64>,
+    reserve_mib: Option<u64>,
+    /// A path, or "none" for no drop directory.
+    drop_dir: Option<String>,
+    drop_interval_secs: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -527,6 +540,38 @@ impl Config {
                 ));
             }
         }
+        let im = file.images;
+        let mut images = crate::images::ImagesConfig::defaults(&data_dir);
+        images.max_archive_bytes = between(
+            "images.max_archive_mib",
+            im.max_archive_mib,
+            images.max_archive_bytes >> 20,
+            1,
+            1 << 20,
+        )? << 20;
+        images.reserve_bytes = between(
+            "images.reserve_mib",
+            im.reserve_mib,
+            images.reserve_bytes >> 20,
+            0,
+            1 << 20,
+        )? << 20;
+        images.drop_interval = Duration::from_secs(between(
+            "images.drop_interval_secs",
+            im.drop_interval_secs,
+            images.drop_interval.as_secs(),
+            1,
+            3_600,
+        )?);
+        match im.drop_dir.as_deref() {
+            None => {}
+            Some("none") => images.drop_dir = None,
+            Some(p) => {
+                let p = PathBuf::from(p);
+                absolute("images.drop_dir", &p)?;
+                images.drop_dir = Some(p);
+            }
+        }
         Ok(Config {
             node_name,
             data_dir,
@@ -541,6 +586,7 @@ impl Config {
             report,
             logs,
             seal,
+            images,
         })
     }
 }

@@ -505,9 +505,11 @@ impl BlobWriter {
     /// the digest it computed.
     pub async fn commit(
         mut self,
+        expected: &str,
         labels: HashMap<String, String>,
     ) -> Result<String, ContainerdError> {
         let mut m = self.msg(WriteAction::Commit, Vec::new());
+        m.expected = expected.to_string();
         m.labels = labels;
         if self.tx.send(m).await.is_err() {
             return Err(self.failed().await);

@@ -25,6 +25,7 @@ pub mod containerd;
 pub mod controller;
 pub mod cri;
 pub mod failpoint;
+pub mod images;
 pub mod kube;
 pub mod local_client;
 pub mod logs;
