@@ -153,7 +153,7 @@ mod tests {
             "app@md5:0123",
             "a b",
             "app:",
-            "app:bad/tag",
+            "app:ta*g",
             "/app",
             "a//b",
             "app:t@g",
