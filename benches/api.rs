@@ -10,9 +10,9 @@ mod support;
 
 use bytes::Bytes;
 use edgehub::api::{self, ApiState, Listener};
+use edgehub::link::LinkState;
 use edgehub::object::Kind;
 use edgehub::store::{OpenMode, Store, StoredObject};
-use edgehub::sync::LinkState;
 use edgehub_testsupport::fixture_body;
 use http_body_util::{BodyExt, Empty};
 use serde_json::{json, Value};

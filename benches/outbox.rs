@@ -100,7 +100,7 @@ async fn device(template: &Value, n: usize) -> Device {
         .expect("kubeconfig");
     let data = dir.path().join("data");
     let config = config(&data, &kc);
-    let client = ApiClient::from_config(&config).expect("client");
+    let client = config.api_client().expect("client");
     let store = Arc::new(Store::open(&data.join("edgehub.db"), OpenMode::Normal).expect("store"));
     let mut cached = Vec::with_capacity(n);
     for i in 0..n {

@@ -58,7 +58,7 @@ fn config(dir: &Path, kc: &Path) -> Config {
 }
 
 fn client(c: &Config) -> ApiClient {
-    ApiClient::from_config(c).expect("client")
+    c.api_client().expect("client")
 }
 
 fn disk_bytes(db: &Path) -> u64 {

@@ -27,6 +27,7 @@ pub mod cri;
 pub mod failpoint;
 pub mod images;
 pub mod kube;
+pub mod link;
 pub mod local_client;
 pub mod logs;
 pub mod mountns;

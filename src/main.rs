@@ -205,7 +205,7 @@ fn load_config(cli: &Cli) -> anyhow::Result<Config> {
 }
 
 fn api_client(config: &Config) -> anyhow::Result<ApiClient> {
-    Ok(ApiClient::from_config(config)?)
+    Ok(config.api_client()?)
 }
 
 fn check_config(cli: &Cli) -> anyhow::Result<()> {

@@ -10,7 +10,7 @@
 
 use crate::kube::resource::{LEASES, NODES};
 use crate::kube::{ApiClient, KubeError, PatchType};
-use crate::sync::LinkState;
+use crate::link::LinkState;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::net::IpAddr;

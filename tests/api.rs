@@ -130,7 +130,7 @@ async fn offline_the_cache_answers_pod_need_upgrade_and_every_post_code() {
     let mut link = h.sync().link.clone();
     tokio::time::timeout(
         Duration::from_secs(10),
-        link.wait_for(|s| matches!(s, edgehub::sync::LinkState::Offline { .. })),
+        link.wait_for(|s| matches!(s, edgehub::link::LinkState::Offline { .. })),
     )
     .await
     .unwrap()

@@ -5,8 +5,8 @@ mod common;
 
 use common::{test_config, wait_until};
 use edgehub::config::{Config, Overrides};
+use edgehub::link::LinkState;
 use edgehub::node::{NodeAgent, NodeProbe, NodeSample};
-use edgehub::sync::LinkState;
 use edgehub_testsupport::{fixture_body, FakeApiServer, NODE_TOKEN};
 use serde_json::Value;
 use std::sync::atomic::Ordering;

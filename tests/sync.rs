@@ -3,8 +3,8 @@
 mod common;
 
 use common::{wait_until, Harness};
+use edgehub::link::LinkState;
 use edgehub::object::Kind;
-use edgehub::sync::LinkState;
 use edgehub_testsupport::fixture_body;
 use serde_json::json;
 use std::time::Duration;

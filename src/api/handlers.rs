@@ -3,10 +3,10 @@
 
 use super::podlist::{write_with_condition, POD_LIST_END, POD_LIST_START};
 use super::{ApiState, Reply};
+use crate::link::LinkState;
 use crate::need_upgrade::Decider;
 use crate::object::Kind;
 use crate::store::{NewRequest, Recorded, RequestKind, RequestRecord};
-use crate::sync::LinkState;
 use serde_json::json;
 use std::sync::atomic::Ordering;
 

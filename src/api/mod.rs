@@ -18,8 +18,9 @@ pub mod podlist;
 pub mod rawjson;
 pub mod router;
 
+use crate::link::LinkState;
 use crate::store::{RequestKind, Store};
-use crate::sync::{LinkState, ReflectorStats};
+use crate::sync::ReflectorStats;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Either, Full, Limited};
 use hyper::body::Incoming;

@@ -8,8 +8,9 @@
 //! - [`pending`]: deletions in flight until the watch shows them (expectations);
 //! - [`election`]: the pure leader-election rules for the Lease;
 //! - [`metrics`]: the `/metrics` text;
-//! - `views`, `run`, `lease` (feature `controller` only): kube-rs reflectors, the reconcile
-//!   loop, Events, the Lease, the HTTP endpoint and shutdown.
+//! - `views`, `run`, `reconcile`, `lease` (feature `controller` only): kube-rs reflectors and
+//!   the loop, one DaemonSet's reconcile and its Events, the Lease, the HTTP endpoint and
+//!   shutdown.
 //!
 //! The pure parts are plain Rust over serde-free views and compile without the feature. kube-rs
 //! and k8s-openapi are behind it, so the device binary does not carry them (DESIGN §10), while
@@ -23,6 +24,8 @@ pub mod pending;
 
 #[cfg(feature = "controller")]
 mod lease;
+#[cfg(feature = "controller")]
+mod reconcile;
 #[cfg(feature = "controller")]
 mod run;
 #[cfg(feature = "controller")]

@@ -109,21 +109,6 @@ pub enum ClientSetupError {
 }
 
 impl ApiClient {
-    /// Reads the kubeconfig named by `config` and builds a client with its sync limits.
-    pub fn from_config(config: &crate::config::Config) -> Result<ApiClient, ClientSetupError> {
-        let kc = Kubeconfig::load(&config.kubeconfig)?;
-        let opts = ClientOptions {
-            timeout: config.sync.request_timeout,
-            watch_idle_timeout: config.sync.watch_idle_timeout,
-            max_body: config.sync.max_event_bytes,
-            node_name: config.node_name.clone(),
-        };
-        ApiClient::new(&kc, opts).map_err(|source| ClientSetupError::Tls {
-            path: config.kubeconfig.clone(),
-            source,
-        })
-    }
-
     /// Builds the client. Fails only on bad TLS material; no connection is made yet.
     pub fn new(kc: &Kubeconfig, opts: ClientOptions) -> Result<ApiClient, tls::TlsSetupError> {
         let tls = tls::client_config(

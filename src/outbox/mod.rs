@@ -31,12 +31,12 @@ mod send;
 
 use crate::backoff::BackoffPolicy;
 use crate::kube::KubeError;
+use crate::link::LinkState;
 use crate::object::Kind;
 use crate::pod::status::{merge_onto, two_way_patch};
 use crate::store::{
     EventSeries, OutboxRow, RowKind, RunningRevision, Store, StoreError, StoredObject,
 };
-use crate::sync::LinkState;
 use classify::{classify, Deletion, Verdict};
 use cloud::Cloud;
 use serde_json::{json, Value};

@@ -9,7 +9,9 @@
 //! once `cursor_checkpoint` has passed since cursors were last written, all reflectors' in
 //! one transaction.
 
+use super::{objects, StoreError};
 use std::collections::{BTreeMap, HashMap};
+use std::sync::MutexGuard;
 use std::time::{Duration, Instant};
 
 /// A batch of `(resource key, resourceVersion)` to write.
@@ -93,6 +95,72 @@ impl ParkedCursors {
     #[cfg(test)]
     fn is_empty(&self) -> bool {
         self.pending.is_empty()
+    }
+}
+
+impl super::Store {
+    fn parked(&self) -> MutexGuard<'_, ParkedCursors> {
+        // Poisoned only if a thread panicked holding it; the map is still a valid map.
+        self.cursors.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn cursor(&self, resource: &str) -> Result<Option<String>, StoreError> {
+        let rv = objects::cursor(&self.conn(), resource)?;
+        if let Some(rv) = &rv {
+            self.parked().read(resource, rv);
+        }
+        Ok(rv)
+    }
+
+    /// Stores a cursor on its own; the sync parks bookmark progress with [`Store::park_cursor`].
+    pub fn set_cursor(&self, resource: &str, rv: &str) -> Result<(), StoreError> {
+        let conn = self.conn();
+        objects::set_cursor(&conn, resource, rv)?;
+        self.parked().stored(resource, rv);
+        Ok(())
+    }
+
+    /// `resource` reached `rv` with no object change (a bookmark): the progress waits in
+    /// memory, rides along with the next commit, and is written by
+    /// [`Store::checkpoint_cursors`] when none comes.
+    pub fn park_cursor(&self, resource: &str, rv: &str) {
+        self.parked().park(resource, rv);
+    }
+
+    /// Writes every parked cursor in one transaction once cursors were last written at least
+    /// `every` ago (or when `force`d, at shutdown); returns how many it wrote.
+    pub fn checkpoint_cursors(&self, every: Duration, force: bool) -> Result<usize, StoreError> {
+        let mut conn = self.conn();
+        let Some(batch) = self.parked().due(Instant::now(), every, force) else {
+            return Ok(0);
+        };
+        let tx = conn.transaction()?;
+        for (resource, rv) in &batch {
+            objects::set_cursor(&tx, resource, rv)?;
+        }
+        tx.commit()?;
+        self.parked().written(&batch, Instant::now());
+        Ok(batch.len())
+    }
+
+    /// The parked cursors to ride along with a commit about to happen: taken after `conn` is
+    /// locked, so no other write can take them meanwhile; `own` is the cursor the commit
+    /// writes itself, whose older parked progress is dropped.
+    pub(super) fn ride_along(&self, own: Option<&str>) -> Batch {
+        let mut p = self.parked();
+        if let Some(k) = own {
+            p.forget(k);
+        }
+        p.batch()
+    }
+
+    /// After a commit that carried `batch` (and `own`, its own cursor).
+    pub(super) fn rode_along(&self, batch: &[(String, String)], own: Option<(&str, &str)>) {
+        let mut p = self.parked();
+        p.written(batch, Instant::now());
+        if let Some((k, rv)) = own {
+            p.stored(k, rv);
+        }
     }
 }
 

@@ -6,6 +6,7 @@
 use super::requests::{row, RequestRecord, COLUMNS};
 use super::{outbox, QueuedEvent, StoreError};
 use rusqlite::{params, Connection, OptionalExtension};
+use std::collections::HashMap;
 
 /// What a transition writes besides the row, in the same transaction.
 #[derive(Debug, Clone, Default)]
@@ -324,4 +325,125 @@ pub fn forget_aliases_of(conn: &Connection, pod_uid: &str) -> Result<(), StoreEr
     conn.prepare_cached("DELETE FROM pod_aliases WHERE pod_uid = ?1")?
         .execute(params![pod_uid])?;
     Ok(())
+}
+
+impl super::Store {
+    /// Moves request `id` from state `from` to `to` if it is still in `from` (a compare-and-set,
+    /// so the API and the engine never race), with what the transition reports, in one
+    /// transaction. Returns whether it moved.
+    #[allow(clippy::too_many_arguments)]
+    pub fn transition(
+        &self,
+        id: i64,
+        from: &str,
+        to: &str,
+        error: Option<&str>,
+        deadline_ms: Option<i64>,
+        effects: &Effects,
+    ) -> Result<bool, StoreError> {
+        let moved = transition(
+            &mut self.conn(),
+            id,
+            from,
+            to,
+            error,
+            deadline_ms,
+            effects,
+            crate::time::now_ms(),
+        )?;
+        if moved {
+            if !effects.events.is_empty() {
+                self.report_queued();
+            }
+            if effects.running.is_some() {
+                self.notify();
+            }
+        }
+        Ok(moved)
+    }
+
+    pub fn set_ready_since(
+        &self,
+        id: i64,
+        state: &str,
+        since: Option<i64>,
+    ) -> Result<(), StoreError> {
+        set_ready_since(&self.conn(), id, state, since)
+    }
+
+    pub fn request(&self, id: i64) -> Result<Option<RequestRecord>, StoreError> {
+        get(&self.conn(), id)
+    }
+
+    /// The transitions of request `id`, oldest first.
+    pub fn request_log(&self, id: i64) -> Result<Vec<LogLine>, StoreError> {
+        log(&self.conn(), id)
+    }
+
+    /// The revision a pod runs on the device, when an upgrade committed one its cached pod
+    /// object does not have yet.
+    pub fn running_revision(&self, pod_uid: &str) -> Result<Option<RunningRevision>, StoreError> {
+        running_revision(&self.conn(), pod_uid)
+    }
+
+    pub fn running_revisions(&self) -> Result<Vec<RunningRevision>, StoreError> {
+        running_revisions(&self.conn())
+    }
+
+    /// Per pod uid, the newest revision whose images a pre-pull put on the node.
+    pub fn pulled_revisions(&self) -> Result<HashMap<String, String>, StoreError> {
+        Ok(pulled(&self.conn())?.into_iter().collect())
+    }
+
+    /// Whether a pre-pull of this pod's revision was ever requested.
+    pub fn pull_requested(&self, pod_uid: &str, to_hash: &str) -> Result<bool, StoreError> {
+        pull_requested(&self.conn(), pod_uid, to_hash)
+    }
+
+    /// The pod object of a running revision was deleted so that its replacement adopts it.
+    pub fn mark_awaiting_adoption(&self, pod_uid: &str) -> Result<(), StoreError> {
+        mark_awaiting(&self.conn(), pod_uid, crate::time::now_ms())?;
+        self.notify();
+        Ok(())
+    }
+
+    /// The pod object was not deleted after all: its sandbox is the pod's again.
+    /// Pod uid -> since when (unix ms) the cache no longer holds the pod object of a sandbox
+    /// awaiting adoption: the adopt timeout counts from then.
+    pub fn deletions_seen(&self, now_ms: i64) -> Result<HashMap<String, i64>, StoreError> {
+        deletions_seen(&self.conn(), now_ms)
+    }
+
+    /// Whether a DaemonSet is gone from a cache that has listed its namespace's DaemonSets.
+    pub fn daemonset_gone(&self, namespace: &str, owner_uid: &str) -> Result<bool, StoreError> {
+        daemonset_gone(&self.conn(), namespace, owner_uid)
+    }
+
+    pub fn unmark_awaiting_adoption(&self, pod_uid: &str) -> Result<(), StoreError> {
+        unmark_awaiting(&self.conn(), pod_uid)?;
+        self.notify();
+        Ok(())
+    }
+
+    /// Binds `pod_uid` to the CRI objects labelled `label_uid` (delete-and-adopt).
+    pub fn adopt(&self, label_uid: &str, pod_uid: &str) -> Result<(), StoreError> {
+        adopt(&mut self.conn(), label_uid, pod_uid, crate::time::now_ms())?;
+        self.notify();
+        Ok(())
+    }
+
+    /// Label uid -> the pod its CRI objects belong to, for adopted sandboxes.
+    pub fn pod_aliases(&self) -> Result<HashMap<String, String>, StoreError> {
+        Ok(aliases(&self.conn())?.into_iter().collect())
+    }
+
+    pub fn forget_aliases_of(&self, pod_uid: &str) -> Result<(), StoreError> {
+        forget_aliases_of(&self.conn(), pod_uid)
+    }
+
+    pub fn forget_running_revision(&self, pod_uid: &str) -> Result<(), StoreError> {
+        forget_running_revision(&self.conn(), pod_uid)?;
+        self.notify();
+        Ok(())
+    }
 }

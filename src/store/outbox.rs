@@ -360,3 +360,102 @@ pub fn counts(conn: &Connection) -> Result<(u64, u64), StoreError> {
             Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64))
         })?)
 }
+
+impl super::Store {
+    /// Queues a pod status patch (replacing an older one for the same pod). Returns whether
+    /// anything was written: an unchanged status costs no write.
+    /// Queues the status edgehub wants a pod to have; returns whether it was written.
+    pub fn queue_status(&self, q: &QueuedStatus) -> Result<bool, StoreError> {
+        let wrote = queue_status(&mut self.conn(), q, crate::time::now_ms())?;
+        if wrote {
+            self.report_queued();
+        }
+        Ok(wrote)
+    }
+
+    pub fn queued_statuses(&self) -> Result<Vec<QueuedStatus>, StoreError> {
+        queued_statuses(&self.conn())
+    }
+
+    /// Takes a pod's status off the queue: `Some(status)` only if it is still that one.
+    pub fn unqueue_status(&self, pod_uid: &str, status: Option<&str>) -> Result<(), StoreError> {
+        unqueue_status(&self.conn(), pod_uid, status)
+    }
+
+    /// Queues a Warning Event; the same key again counts one more occurrence.
+    pub fn queue_event(&self, e: &QueuedEvent, now_ms: i64) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        queue_event(&tx, e, now_ms)?;
+        tx.commit()?;
+        drop(conn);
+        self.report_queued();
+        Ok(())
+    }
+
+    /// The series of the Event `row` carries, as the device keeps it.
+    pub fn event_series(&self, row: &OutboxRow) -> Result<Option<EventSeries>, StoreError> {
+        event_series(&self.conn(), row)
+    }
+
+    /// Forgets the Event series of pods that are gone and owe nothing; returns how many.
+    pub fn prune_event_series(&self) -> Result<usize, StoreError> {
+        prune_event_series(&self.conn())
+    }
+
+    pub fn queued_events(&self) -> Result<Vec<QueuedEvent>, StoreError> {
+        queued_events(&self.conn())
+    }
+
+    /// The rows to send, in order (parked ones too, tried again when due).
+    pub fn outbox(&self) -> Result<Vec<OutboxRow>, StoreError> {
+        rows(&self.conn())
+    }
+
+    /// The earliest retry time after `now_ms` among the rows waiting for one.
+    pub fn outbox_next_attempt_after(&self, now_ms: i64) -> Result<Option<i64>, StoreError> {
+        next_attempt_after(&self.conn(), now_ms)
+    }
+
+    /// The parked rows: refused for good, kept with their error.
+    pub fn outbox_parked(&self) -> Result<Vec<OutboxRow>, StoreError> {
+        parked(&self.conn())
+    }
+
+    /// Rows queued and parked.
+    pub fn outbox_counts(&self) -> Result<(u64, u64), StoreError> {
+        counts(&self.conn())
+    }
+
+    /// A row was delivered as `sent` was (what changed meanwhile stays queued).
+    pub fn outbox_delivered(&self, sent: &OutboxRow) -> Result<(), StoreError> {
+        delivered(&mut self.conn(), sent)?;
+        self.took_from_outbox();
+        Ok(())
+    }
+
+    pub fn outbox_drop(&self, id: i64) -> Result<(), StoreError> {
+        drop_row(&self.conn(), id)?;
+        self.took_from_outbox();
+        Ok(())
+    }
+
+    fn took_from_outbox(&self) {
+        self.outbox_taken
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Counts the rows the sender took off the queue: when it changed, a copy of the queue
+    /// read before may hold statuses that are no longer queued.
+    pub fn outbox_taken(&self) -> u64 {
+        self.outbox_taken.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    pub fn outbox_retry(&self, id: i64, next_ms: i64, error: &str) -> Result<(), StoreError> {
+        retry(&self.conn(), id, next_ms, error)
+    }
+
+    pub fn outbox_park(&self, id: i64, next_ms: i64, error: &str) -> Result<(), StoreError> {
+        park(&self.conn(), id, next_ms, error)
+    }
+}

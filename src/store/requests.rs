@@ -312,3 +312,73 @@ pub fn set_state(
     .execute(params![id, state, error, crate::time::now_ms()])?;
     Ok(())
 }
+
+impl super::Store {
+    /// Records an upgrade or image-pull request in state `Requested`, unless one of the same
+    /// kind is still active for that pod (then nothing is written).
+    /// Records a request; a new one wakes the readers (the upgrade engine starts it at once).
+    pub fn record_request(&self, req: &NewRequest<'_>) -> Result<Recorded, StoreError> {
+        let r = record(&mut self.conn(), req)?;
+        if matches!(r, Recorded::New(_)) {
+            self.notify();
+        }
+        Ok(r)
+    }
+
+    /// The newest request of `kind` for the pod `namespace/name`.
+    pub fn latest_request(
+        &self,
+        kind: RequestKind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<RequestRecord>, StoreError> {
+        latest(&self.conn(), kind, namespace, name)
+    }
+
+    /// Which of these request uids ended without committing (RolledBack, Failed).
+    pub fn ended_without_commit(
+        &self,
+        uids: &[&str],
+    ) -> Result<std::collections::HashSet<String>, StoreError> {
+        ended_without_commit(&self.conn(), uids)
+    }
+
+    /// The pod's active request of `kind`, if one is.
+    pub fn active_request(
+        &self,
+        kind: RequestKind,
+        pod_uid: &str,
+    ) -> Result<Option<RequestRecord>, StoreError> {
+        Ok(active(&self.conn(), kind, pod_uid)?)
+    }
+
+    /// Every request not yet in a terminal state, oldest first.
+    pub fn active_requests(&self) -> Result<Vec<RequestRecord>, StoreError> {
+        active_all(&self.conn())
+    }
+
+    /// Moves a request to `state` (the upgrade engine's transitions).
+    pub fn set_request_state(
+        &self,
+        id: i64,
+        state: &str,
+        error: Option<&str>,
+    ) -> Result<(), StoreError> {
+        set_state(&self.conn(), id, state, error)
+    }
+
+    /// Sets the deadline of request `id` in `state`, on this boot's clock.
+    pub fn set_request_deadline(
+        &self,
+        id: i64,
+        state: &str,
+        deadline_ms: Option<i64>,
+    ) -> Result<bool, StoreError> {
+        set_deadline(&self.conn(), id, state, deadline_ms)
+    }
+
+    /// Records why request `id` cannot go on now; writes only when that changes.
+    pub fn set_request_waiting(&self, id: i64, waiting: Option<&str>) -> Result<(), StoreError> {
+        set_waiting(&self.conn(), id, waiting)
+    }
+}

@@ -8,6 +8,7 @@
 //! the link is up. ConfigMaps stay in the clear: they are not secret, and the kubelet keeps
 //! them on disk.
 
+use super::objects;
 use super::seal::{row_aad, DeviceKey, OpenError};
 use super::StoreError;
 use rusqlite::types::Value;
@@ -360,4 +361,78 @@ pub fn seal_clear_rows(conn: &Connection, key: &DeviceKey) -> Result<usize, Stor
         )?;
     }
     Ok(secrets.len() + tokens.len())
+}
+
+impl super::Store {
+    pub fn put_source(&self, s: &CachedSource) -> Result<bool, StoreError> {
+        let changed = put_source(&self.conn(), s, self.key.as_ref())?;
+        if changed {
+            self.notify();
+        }
+        Ok(changed)
+    }
+
+    pub fn get_source(
+        &self,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<CachedSource>, StoreError> {
+        get_source(&self.conn(), kind, namespace, name, self.key.as_ref())
+    }
+
+    pub fn source_keys(&self) -> Result<Vec<(String, String, String)>, StoreError> {
+        source_keys(&self.conn())
+    }
+
+    pub fn delete_source(&self, kind: &str, namespace: &str, name: &str) -> Result<(), StoreError> {
+        delete_source(&self.conn(), kind, namespace, name)
+    }
+
+    /// Stores a service-account token; subscribers hear of it.
+    pub fn put_token(&self, t: &CachedToken) -> Result<(), StoreError> {
+        self.put_tokens(std::slice::from_ref(t))
+    }
+
+    /// Stores tokens in one transaction (a renewal round: one commit on flash, not one per
+    /// pod), parked cursors riding along; subscribers hear of them once.
+    pub fn put_tokens(&self, tokens: &[CachedToken]) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        let parked = self.ride_along(None);
+        let tx = conn.transaction()?;
+        securely(&tx, || {
+            for t in tokens {
+                put_token(&tx, t, self.key.as_ref())?;
+            }
+            Ok(())
+        })?;
+        for (resource, rv) in &parked {
+            objects::set_cursor(&tx, resource, rv)?;
+        }
+        tx.commit()?;
+        self.rode_along(&parked, None);
+        drop(conn);
+        self.notify();
+        Ok(())
+    }
+
+    pub fn get_token(
+        &self,
+        pod_uid: &str,
+        audience: &str,
+        expiration_secs: i64,
+    ) -> Result<Option<CachedToken>, StoreError> {
+        get_token(
+            &self.conn(),
+            pod_uid,
+            audience,
+            expiration_secs,
+            self.key.as_ref(),
+        )
+    }
+
+    /// Drops the tokens of pods not in `keep`; returns how many rows went.
+    pub fn retain_tokens(&self, keep: &[&str]) -> Result<usize, StoreError> {
+        retain_tokens(&self.conn(), keep)
+    }
 }

@@ -1,6 +1,8 @@
 use super::*;
 use crate::object::Kind;
+use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
 
 fn pod(name: &str, rv: &str) -> StoredObject {
     let raw = format!(

@@ -31,6 +31,7 @@ mod reflector;
 pub use crate::backoff::Backoff;
 use crate::kube::resource::{CONTROLLER_REVISIONS, DAEMONSETS, NODES, PODS};
 use crate::kube::{ApiClient, KubeError, ListParams, Resource, WatchEvent};
+use crate::link::{LinkReporter, LinkState};
 use crate::object::{Kind, ObjectIndex};
 use crate::store::{Change, Store, StoredObject};
 use reflector::Reflector;
@@ -58,60 +59,14 @@ pub struct SyncConfig {
     pub list_page_size: u32,
 }
 
-/// Whether the apiserver is reachable, as last seen by any reflector.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LinkState {
-    /// Nothing tried yet.
-    Unknown,
-    Online,
-    Offline {
-        reason: String,
-    },
-}
-
-/// The writing side of the link state, shared by the reflectors.
-#[derive(Debug, Clone)]
-pub struct LinkReporter(Arc<watch::Sender<LinkState>>);
-
-impl LinkReporter {
-    pub fn new() -> (LinkReporter, watch::Receiver<LinkState>) {
-        let (tx, rx) = watch::channel(LinkState::Unknown);
-        (LinkReporter(Arc::new(tx)), rx)
-    }
-
-    fn set(&self, state: LinkState) {
-        self.0.send_if_modified(|cur| {
-            if *cur == state {
-                return false;
-            }
-            // Said once per transition: while the link stays down, the reason may change with
-            // each reflector's retry, and the log would repeat it several times a second.
-            let was_down = matches!(cur, LinkState::Offline { .. });
-            match &state {
-                LinkState::Online => tracing::info!("apiserver link is up"),
-                LinkState::Offline { reason } if !was_down => {
-                    tracing::warn!(%reason, "apiserver link is down")
-                }
-                LinkState::Offline { .. } | LinkState::Unknown => {}
-            }
-            *cur = state;
-            true
-        });
-    }
-
-    fn online(&self) {
-        self.set(LinkState::Online);
-    }
-
-    /// Records an error: offline if it says the link is down, otherwise the server answered.
-    fn error(&self, e: &KubeError) {
-        if e.is_offline() {
-            self.set(LinkState::Offline {
-                reason: e.to_string(),
-            });
-        } else if !matches!(e, KubeError::Tls { .. }) {
-            self.online();
-        }
+/// Records a request's error on the link: offline if it says the link is down, otherwise the
+/// server answered (a TLS failure says neither: the server may be fine and the credential or
+/// CA wrong). Here rather than in `link`, which knows nothing of the apiserver's errors.
+fn link_error(link: &LinkReporter, e: &KubeError) {
+    if e.is_offline() {
+        link.offline(e.to_string());
+    } else if !matches!(e, KubeError::Tls { .. }) {
+        link.online();
     }
 }
 

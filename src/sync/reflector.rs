@@ -124,7 +124,7 @@ impl Reflector {
                             Duration::ZERO
                         }
                         ReflectError::Kube(k) => {
-                            self.link.error(k);
+                            link_error(&self.link, k);
                             delay_after(k, &mut backoff)
                         }
                         ReflectError::Store(_) => {

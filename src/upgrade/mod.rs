@@ -86,7 +86,7 @@ pub struct Engine<R: CriRuntime> {
     pub config: UpgradeConfig,
     /// The apiserver link: pre-pulls start only while it is up (a registry is then likely to
     /// answer too).
-    pub link: Option<watch::Receiver<crate::sync::LinkState>>,
+    pub link: Option<watch::Receiver<crate::link::LinkState>>,
 }
 
 /// What a driving task works from, read again each round.
@@ -217,7 +217,7 @@ impl<R: CriRuntime + 'static> Engine<R> {
     fn online(&self) -> bool {
         self.link
             .as_ref()
-            .is_some_and(|l| matches!(*l.borrow(), crate::sync::LinkState::Online))
+            .is_some_and(|l| matches!(*l.borrow(), crate::link::LinkState::Online))
     }
 
     /// Forgets the revision a pod ran on the device once its cached pod has caught up (the

@@ -28,7 +28,7 @@ pub fn test_config(data_dir: &Path, kubeconfig: &Path) -> Config {
 }
 
 pub fn client(config: &Config) -> ApiClient {
-    ApiClient::from_config(config).expect("client")
+    config.api_client().expect("client")
 }
 
 /// Polls `f` every 20 ms until it is true, or panics after `secs` seconds naming `what`.
