@@ -371,3 +371,33 @@ async fn the_drop_directory_imports_a_slowly_written_file_once_whole() {
     n.clean().await;
     remove_images(&repo).await;
 }
+
+/// Free space is checked before each blob the archive adds: with more kept free than the
+/// image filesystem has, the import is refused with 507 before its first blob, and nothing
+/// stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_archive_that_does_not_fit_is_refused_before_it_writes() {
+    let repo = format!("nospace-{}", std::process::id());
+    let image = format!("127.0.0.1:1/{repo}:1.0");
+    let dir = tempfile::tempdir().unwrap();
+    let built = archive::build(dir.path(), &image, "no room", 0);
+    let file = archive::oci_archive(&built, &dir.path().join("a.tar"));
+    let mut n = node("nospace").await;
+    // 1 TiB kept free: more than any test machine's image filesystem has.
+    n.edit_config(|c| format!("{c}[images]\nreserve_mib = 1048576\n"));
+    n.start();
+    n.wait_for(
+        30,
+        "the cache is served",
+        |n| async move { n.need().is_some() },
+    )
+    .await;
+    let (ok, out) = load(&n, &["--force", file.to_str().unwrap()]);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("not enough space") && out.contains("(507)"),
+        "{out}"
+    );
+    nothing_left(&n, &built.blobs, &repo).await;
+    n.clean().await;
+}
