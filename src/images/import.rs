@@ -94,9 +94,11 @@ fn clean(path: &str) -> Result<String, ImageError> {
         match p {
             "" | "." => {}
             ".." => {
-                return Err(ImageError::Archive(format!(
-                    "entry {path:?} climbs out of the archive"
-                )))
+                if parts.pop().is_none() {
+                    return Err(ImageError::Archive(format!(
+                        "entry {path:?} climbs out of the archive"
+                    )));
+                }
             }
             p => parts.push(p),
         }
@@ -640,6 +642,8 @@ mod tests {
         assert_eq!(clean("a//b/./c").unwrap(), "a/b/c");
         assert!(clean("../etc/passwd").is_err());
         assert!(clean("a/../../b").is_err());
+        // docker save links a shared layer as ../<id>/layer.tar from its own directory.
+        assert_eq!(clean("l2/../l1/layer.tar").unwrap(), "l1/layer.tar");
     }
 
     #[test]

@@ -178,7 +178,8 @@ pub fn oci_archive(b: &Built, out: &Path) -> PathBuf {
     out.to_path_buf()
 }
 
-/// The image as a docker-archive (`docker save`'s layout) at `out`, tagged `repo_tag`.
+/// The image as a docker-archive (`docker save`'s layout) at `out`, tagged `repo_tag`, its
+/// layer named through a symlink as docker save names a shared one.
 pub fn docker_archive(b: &Built, repo_tag: &str, out: &Path) -> PathBuf {
     let d = out.with_extension("d");
     let _ = std::fs::remove_dir_all(&d);
@@ -187,8 +188,11 @@ pub fn docker_archive(b: &Built, repo_tag: &str, out: &Path) -> PathBuf {
     std::fs::copy(&b.layer_tar, d.join("layer1/layer.tar")).unwrap();
     std::fs::write(d.join("layer1/VERSION"), "1.0").unwrap();
     std::fs::write(d.join(format!("{id}.json")), &b.config_json).unwrap();
+    // docker save links a layer two images share from the second one's directory.
+    std::fs::create_dir_all(d.join("layer2")).unwrap();
+    std::os::unix::fs::symlink("../layer1/layer.tar", d.join("layer2/layer.tar")).unwrap();
     let manifest = serde_json::json!([{"Config": format!("{id}.json"),
-        "RepoTags": [repo_tag], "Layers": ["layer1/layer.tar"]}]);
+        "RepoTags": [repo_tag], "Layers": ["layer2/layer.tar"]}]);
     std::fs::write(
         d.join("manifest.json"),
         serde_json::to_vec(&manifest).unwrap(),
