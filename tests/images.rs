@@ -401,3 +401,56 @@ async fn an_archive_that_does_not_fit_is_refused_before_it_writes() {
     nothing_left(&n, &built.blobs, &repo).await;
     n.clean().await;
 }
+
+/// A blob whose bytes do not hash to its name, early in a large archive: refused (400) with
+/// the reason, which the client gets whole although it was still sending, and nothing stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_blob_is_refused_with_its_reason_and_leaves_nothing() {
+    let repo = format!("corrupt-{}", std::process::id());
+    let image = format!("127.0.0.1:1/{repo}:1.0");
+    let dir = tempfile::tempdir().unwrap();
+    let built = archive::build(dir.path(), &image, "corrupt", 8 << 20);
+    // The config's bytes changed (its length kept), and it comes first, before the 8 MiB layer.
+    let config = built.blobs[1].trim_start_matches("sha256:").to_string();
+    let path = built.layout.join("blobs/sha256").join(&config);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[2] ^= 0x20;
+    std::fs::write(&path, bytes).unwrap();
+    let file = dir.path().join("corrupt.tar");
+    let names: Vec<String> = [1usize, 0, 2]
+        .iter()
+        .map(|&i| {
+            format!(
+                "blobs/sha256/{}",
+                built.blobs[i].trim_start_matches("sha256:")
+            )
+        })
+        .collect();
+    let out = std::process::Command::new("tar")
+        .arg("-C")
+        .arg(&built.layout)
+        .arg("-cf")
+        .arg(&file)
+        .arg("oci-layout")
+        .args(&names)
+        .arg("index.json")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let mut n = node("corrupt").await;
+    n.start();
+    n.wait_for(
+        30,
+        "the cache is served",
+        |n| async move { n.need().is_some() },
+    )
+    .await;
+    let (ok, out) = load(&n, &["--force", file.to_str().unwrap()]);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("digest mismatch") && out.contains("(400)"),
+        "{out}"
+    );
+    nothing_left(&n, &built.blobs, &repo).await;
+    n.clean().await;
+}

@@ -15,6 +15,8 @@ use tokio::sync::mpsc;
 
 /// A client that sends nothing for this long has its import ended.
 pub const IDLE: Duration = Duration::from_secs(60);
+/// How long the rest of a refused upload is read, so the client gets the answer.
+const DRAIN: Duration = Duration::from_secs(60);
 /// Body frames queued ahead of the importer (a frame is at most hyper's read buffer).
 const QUEUE: usize = 8;
 
@@ -85,7 +87,7 @@ pub async fn load(
         )
     });
     let mut body = req.into_body();
-    let (mut total, mut cut) = (0u64, None);
+    let (mut total, mut cut, mut stopped) = (0u64, None, false);
     loop {
         let frame = match tokio::time::timeout(IDLE, body.frame()).await {
             Err(_) => {
@@ -123,11 +125,26 @@ pub async fn load(
             break;
         }
         if tx.send(Ok(data)).await.is_err() {
-            break; // The importer stopped reading: it has its answer.
+            stopped = true; // The importer stopped reading: it has its answer.
+            break;
         }
     }
     drop(tx);
-    match job.await {
+    let result = job.await;
+    if stopped {
+        // The client is still sending: read the rest (bounded) so it gets the answer rather
+        // than a connection reset mid-upload.
+        let drain = async {
+            while let Ok(Some(Ok(f))) = tokio::time::timeout(IDLE, body.frame()).await {
+                total += f.data_ref().map_or(0, |d| d.len() as u64);
+                if total > limit {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(DRAIN, drain).await;
+    }
+    match result {
         Ok(Ok(loaded)) => {
             if let Err(e) = importer.images_arrived().await {
                 tracing::warn!(error = %e, "cannot tell which pods' images are all here now");
