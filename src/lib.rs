@@ -10,13 +10,16 @@
 //! - [`config`]: file + env + flags → a validated [`config::Config`];
 //! - [`store`]: the SQLite cache, the only module that writes SQL;
 //! - [`kube`]: a small apiserver client (kubeconfig, rustls, typed requests, watch streams);
+//! - [`identity`]: TLS bootstrap and rotation of the node's client certificate;
 //! - [`sync`]: reflectors that list/watch the apiserver into the store, and link health;
 //! - [`object`]: the few fields of a Kubernetes object the cache indexes;
 //! - [`revision`]: pure decisions: update revision, `PodNeedUpgrade`, in place or recreate;
 //! - [`names`]: DNS-1123 name rules;
+//! - [`attest`]: device attestation for a first node certificate (factory key and fleet CA);
 //! - [`controller`]: the cloud-side `edgehub controller` (kube-rs, feature `controller`).
 
 pub mod api;
+pub mod attest;
 pub mod backoff;
 pub mod config;
 pub mod containerd;
@@ -25,6 +28,7 @@ pub mod containerd;
 pub mod controller;
 pub mod cri;
 pub mod failpoint;
+pub mod identity;
 pub mod images;
 pub mod kube;
 pub mod link;

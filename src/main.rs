@@ -145,6 +145,11 @@ struct ControllerArgs {
     /// Seconds between reconciles of a DaemonSet when nothing changes.
     #[arg(long, default_value_t = 300)]
     resync_secs: u64,
+    /// Approve a node's first certificate only for a device whose factory certificate chains
+    /// to this fleet CA (key ca.crt of configmap/<namespace>/<name> or
+    /// secret/<namespace>/<name>), and deny the rest. Off without it.
+    #[arg(long, value_name = "KIND/NAMESPACE/NAME")]
+    attest_fleet_ca: Option<edgehub::controller::approve::CaSource>,
 }
 
 fn main() -> ExitCode {
@@ -208,6 +213,25 @@ fn api_client(config: &Config) -> anyhow::Result<ApiClient> {
     Ok(config.api_client()?)
 }
 
+/// The node's client, and with `[identity] bootstrap_kubeconfig` the task that makes and
+/// renews its credential.
+fn node_client(
+    config: &Config,
+) -> anyhow::Result<(ApiClient, Option<edgehub::identity::Identity>)> {
+    let Some(boot) = &config.identity.bootstrap_kubeconfig else {
+        return Ok((api_client(config)?, None));
+    };
+    let opts = config.client_options();
+    let (client, identity) = edgehub::identity::Identity::setup(
+        &config.identity,
+        boot,
+        &config.data_dir,
+        &config.node_name,
+        opts,
+    )?;
+    Ok((client, Some(identity)))
+}
+
 fn check_config(cli: &Cli) -> anyhow::Result<()> {
     let config = load_config(cli)?;
     println!("node_name   = {}", config.node_name);
@@ -225,7 +249,43 @@ fn check_config(cli: &Cli) -> anyhow::Result<()> {
         None => println!("seal        = none (Secrets and tokens are kept in the clear)"),
     }
     println!("cri_socket  = {}", config.cri_socket.display());
-    let client = api_client(&config)?;
+    if let Some(p) = &config.api.token_file {
+        edgehub::api::listen::read_token(&config.api)?;
+        println!("api.token   = {} (read)", p.display());
+    }
+    // The credentials: the node's kubeconfig, or the bootstrap kubeconfig and the node
+    // credential made from it.
+    let now = std::time::SystemTime::now();
+    let check = |what: &str, kc: &edgehub::kube::Kubeconfig| -> anyhow::Result<()> {
+        for line in edgehub::identity::check::credentials(kc, now)
+            .map_err(|e| anyhow::anyhow!("{what}: {e}"))?
+        {
+            println!("credential  = {what}: {line}");
+        }
+        Ok(())
+    };
+    match &config.identity.bootstrap_kubeconfig {
+        None => check(
+            "kubeconfig",
+            &edgehub::kube::Kubeconfig::load(&config.kubeconfig)?,
+        )?,
+        Some(b) => {
+            check("bootstrap_kubeconfig", &edgehub::kube::Kubeconfig::load(b)?)?;
+            let node = edgehub::identity::files::credential_path(&config.data_dir);
+            match std::fs::read_to_string(&node) {
+                Ok(text) => match edgehub::identity::check::client_cert_dates(&text, now) {
+                    Ok(line) => println!("credential  = node: {line}"),
+                    // Not fatal: the next round goes back to the bootstrap credential.
+                    Err(e) => println!("credential  = node: {e}; edgehub will bootstrap again"),
+                },
+                Err(_) => println!(
+                    "credential  = node: none yet ({}); made at the first bootstrap",
+                    node.display()
+                ),
+            }
+        }
+    }
+    let (client, _) = node_client(&config)?;
     println!("apiserver   = {}", client.server());
     println!("config OK");
     Ok(())
@@ -272,7 +332,8 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
     let cri_health = cri::spawn_monitor(CriClient::new(&config.cri_socket), shutdown_rx.clone());
     let token = listen::read_token(&config.api)?;
     let listeners = listen::bind(config.api_addr, &config.api).await?;
-    let client = api_client(&config)?;
+    let (client, identity) = node_client(&config)?;
+    let identity_task = identity.map(|i| tokio::spawn(i.run(shutdown_rx.clone())));
     let probe = Arc::new(node::HostProbe {
         data_dir: config.data_dir.clone(),
         apiserver: node::server_host_port(client.server()),
@@ -413,6 +474,9 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
     let _ = sources_task.await;
     let _ = report_task.await;
     let _ = drop_task.await;
+    if let Some(t) = identity_task {
+        let _ = t.await;
+    }
     sync.join().await;
     tracing::info!("stopped");
     Ok(())
@@ -496,6 +560,7 @@ fn controller(cli: &Cli, args: &ControllerArgs) -> anyhow::Result<()> {
             retry_period: Duration::from_secs(args.retry_period_secs),
         },
         resync: Duration::from_secs(args.resync_secs.max(1)),
+        attest_fleet_ca: args.attest_fleet_ca.clone(),
         ..controller::Options::default()
     };
     if opts.lease.renew_deadline >= opts.lease.lease_duration {

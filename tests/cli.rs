@@ -130,6 +130,68 @@ async fn check_config_reports_the_resolved_config() {
     assert!(out.contains("config OK"), "{out}");
 }
 
+#[tokio::test]
+async fn check_config_checks_the_credentials_it_names() {
+    let env = Env::new().await;
+    let (ok, out) = output(env.cmd(&["check-config"]));
+    assert!(
+        ok && out.contains("credential  = kubeconfig: token (inline)"),
+        "{out}"
+    );
+
+    // A tokenFile that is not there, and an [api] token_file that is not there.
+    let kc = env.dir.path().join("kube").join("kubeconfig");
+    let text = std::fs::read_to_string(&kc).unwrap();
+    std::fs::write(
+        &kc,
+        text.replace(&format!("token: {NODE_TOKEN}"), "tokenFile: missing-token"),
+    )
+    .unwrap();
+    let (ok, out) = output(env.cmd(&["check-config"]));
+    assert!(
+        !ok && out.contains("tokenFile") && out.contains("missing-token"),
+        "{out}"
+    );
+    std::fs::write(
+        env.dir.path().join("kube").join("missing-token"),
+        NODE_TOKEN,
+    )
+    .unwrap();
+    let (ok, out) = output(env.cmd(&["check-config"]));
+    assert!(ok && out.contains("tokenFile"), "{out}");
+
+    let cfg = std::fs::read_to_string(&env.config).unwrap();
+    let api_token = env.dir.path().join("api-token");
+    std::fs::write(
+        &env.config,
+        format!("{cfg}[api]\ntoken_file = \"{}\"\n", api_token.display()),
+    )
+    .unwrap();
+    let (ok, out) = output(env.cmd(&["check-config"]));
+    assert!(!ok && out.contains("api-token"), "{out}");
+    std::fs::write(&api_token, "local-secret\n").unwrap();
+    let (ok, out) = output(env.cmd(&["check-config"]));
+    assert!(ok && out.contains("api.token"), "{out}");
+
+    // A client certificate (one the fake issued) is shown with its dates.
+    let cert_dir = env.dir.path().join("cert");
+    let ckc = env
+        .server
+        .write_cert_kubeconfig(&cert_dir, "system:node:edge-1")
+        .unwrap();
+    let cfg = std::fs::read_to_string(&env.config).unwrap();
+    std::fs::write(
+        &env.config,
+        cfg.replace(&kc.display().to_string(), &ckc.display().to_string()),
+    )
+    .unwrap();
+    let (ok, out) = output(env.cmd(&["check-config"]));
+    assert!(
+        ok && out.contains("client certificate system:node:edge-1 valid"),
+        "{out}"
+    );
+}
+
 #[test]
 fn invalid_config_names_the_field() {
     let dir = tempfile::tempdir().unwrap();

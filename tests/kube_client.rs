@@ -4,7 +4,7 @@
 mod common;
 
 use common::{client, test_config};
-use edgehub::kube::resource::{DAEMONSETS, PODS};
+use edgehub::kube::resource::{DAEMONSETS, NODES, PODS};
 use edgehub::kube::{KubeError, Kubeconfig, KubeconfigError, ListParams, PatchType, WatchEvent};
 use edgehub_testsupport::{certs, FakeApiServer, NODE_TOKEN};
 use serde_json::json;
@@ -68,7 +68,40 @@ async fn a_server_that_fails_verification_is_refused() {
     assert!(matches!(e, KubeError::Tls { .. }), "{e}");
     assert!(!e.is_offline());
     assert!(e.to_string().contains("certificate-authority"), "{e}");
+    assert!(
+        e.to_string().contains("unknown CA"),
+        "names what failed: {e}"
+    );
     assert_eq!(s.requests().len(), 0, "no request got through");
+}
+
+#[tokio::test]
+async fn a_server_that_does_not_speak_tls_is_named() {
+    // A plain HTTP server where the kubeconfig says https: what an apiserver's insecure port,
+    // or a proxy's, answers.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            let mut buf = [0u8; 1024];
+            let _ = tcp.read(&mut buf).await;
+            let _ = tcp
+                .write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+                .await;
+        }
+    });
+    let s = FakeApiServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kc = s.write_kubeconfig(dir.path(), NODE_TOKEN).unwrap();
+    let text = std::fs::read_to_string(&kc)
+        .unwrap()
+        .replace(&s.url(), &format!("https://{addr}"));
+    std::fs::write(&kc, text).unwrap();
+    let c = client(&test_config(&dir.path().join("data"), &kc));
+    let e = c.get(&NODES, None, "edge-1").await.unwrap_err();
+    assert!(matches!(e, KubeError::Tls { .. }), "{e}");
+    assert!(e.to_string().contains("does not speak TLS"), "{e}");
 }
 
 #[tokio::test]

@@ -31,6 +31,8 @@ pub(super) struct FileConfig {
     pub(super) seal: FileSeal,
     #[serde(default)]
     pub(super) images: FileImages,
+    #[serde(default)]
+    pub(super) identity: FileIdentity,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -41,6 +43,16 @@ pub(super) struct FileImages {
     /// A path, or "none" for no drop directory.
     pub(super) drop_dir: Option<String>,
     pub(super) drop_interval_secs: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FileIdentity {
+    pub(super) bootstrap_kubeconfig: Option<PathBuf>,
+    pub(super) cert_expiration_secs: Option<u64>,
+    pub(super) factory_key_file: Option<PathBuf>,
+    pub(super) factory_cert_file: Option<PathBuf>,
+    pub(super) node_name_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]

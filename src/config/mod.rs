@@ -10,6 +10,7 @@
 //! values) so every rule is unit-tested; [`Config::load`] does the I/O around it.
 
 pub use crate::api::ApiConfig;
+pub use crate::identity::IdentityConfig;
 pub use crate::logs::LogsConfig;
 pub use crate::node::{NodeConfig, Taint};
 pub use crate::outbox::ReportConfig;
@@ -55,6 +56,7 @@ pub struct Config {
     pub logs: LogsConfig,
     pub seal: SealConfig,
     pub images: crate::images::ImagesConfig,
+    pub identity: IdentityConfig,
 }
 
 impl Config {
@@ -62,17 +64,21 @@ impl Config {
         self.data_dir.join("edgehub.db")
     }
 
-    /// Reads the kubeconfig this names and builds an apiserver client with the sync section's
-    /// limits. Here rather than in `kube`, so the client knows nothing of the config file.
-    pub fn api_client(&self) -> Result<ApiClient, ClientSetupError> {
-        let kc = Kubeconfig::load(&self.kubeconfig)?;
-        let opts = ClientOptions {
+    /// The apiserver client's limits, from the sync section.
+    pub fn client_options(&self) -> ClientOptions {
+        ClientOptions {
             timeout: self.sync.request_timeout,
             watch_idle_timeout: self.sync.watch_idle_timeout,
             max_body: self.sync.max_event_bytes,
             node_name: self.node_name.clone(),
-        };
-        ApiClient::new(&kc, opts).map_err(|source| ClientSetupError::Tls {
+        }
+    }
+
+    /// Reads the kubeconfig this names and builds an apiserver client with the sync section's
+    /// limits. Here rather than in `kube`, so the client knows nothing of the config file.
+    pub fn api_client(&self) -> Result<ApiClient, ClientSetupError> {
+        let kc = Kubeconfig::load(&self.kubeconfig)?;
+        ApiClient::new(&kc, self.client_options()).map_err(|source| ClientSetupError::Tls {
             path: self.kubeconfig.clone(),
             source,
         })
@@ -140,16 +146,36 @@ impl Config {
         let env: Vec<(String, String)> = std::env::vars()
             .filter(|(k, _)| k.starts_with("EDGEHUB_"))
             .collect();
-        Config::resolve(text.as_deref(), path, &env, flags, hostname())
+        Config::resolve_reading(text.as_deref(), path, &env, flags, hostname(), &|p| {
+            std::fs::read_to_string(p)
+        })
     }
 
-    /// The pure layering and validation.
+    /// The pure layering and validation. A file the config names for its content
+    /// (`[identity] node_name_file`) cannot be read here: use [`Config::resolve_reading`].
     pub fn resolve(
         file_text: Option<&str>,
         file_path: &Path,
         env: &[(String, String)],
         flags: &Overrides,
         hostname: Option<String>,
+    ) -> Result<Config, ConfigError> {
+        Config::resolve_reading(file_text, file_path, env, flags, hostname, &|p| {
+            Err(std::io::Error::other(format!(
+                "{} is not read by Config::resolve",
+                p.display()
+            )))
+        })
+    }
+
+    /// [`Config::resolve`], with `read` for the files whose content is a setting.
+    pub fn resolve_reading(
+        file_text: Option<&str>,
+        file_path: &Path,
+        env: &[(String, String)],
+        flags: &Overrides,
+        hostname: Option<String>,
+        read: &dyn Fn(&Path) -> std::io::Result<String>,
     ) -> Result<Config, ConfigError> {
         let file: FileConfig = match file_text {
             Some(t) => toml::from_str(t).map_err(|e| ConfigError::Parse {
@@ -175,6 +201,24 @@ impl Config {
         };
 
         let node_name = pick(flags.node_name.clone(), "EDGEHUB_NODE_NAME", file.node_name);
+        // flag > env > file > the firmware's file (a VIN, a serial) > the hostname
+        let node_name = match (node_name, &file.identity.node_name_file) {
+            (None, Some(p)) => {
+                absolute("identity.node_name_file", p)?;
+                let text = read(p).map_err(|e| {
+                    invalid("identity.node_name_file", format!("{}: {e}", p.display()))
+                })?;
+                let n = text.trim().to_ascii_lowercase();
+                crate::names::check_subdomain(&n).map_err(|r| {
+                    invalid(
+                        "identity.node_name_file",
+                        format!("{}: {n:?} is not a valid node name ({r})", p.display()),
+                    )
+                })?;
+                Some(n)
+            }
+            (n, _) => n,
+        };
         let node_name = match node_name {
             Some(n) => {
                 crate::names::check_subdomain(&n).map_err(|r| invalid("node_name", r))?;
@@ -234,6 +278,7 @@ impl Config {
         let logs = sections::logs(file.logs)?;
         let seal = sections::seal(file.seal)?;
         let images = sections::images(file.images, &data_dir)?;
+        let identity = sections::identity(file.identity)?;
         Ok(Config {
             node_name,
             data_dir,
@@ -249,6 +294,7 @@ impl Config {
             logs,
             seal,
             images,
+            identity,
         })
     }
 }

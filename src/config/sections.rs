@@ -3,10 +3,12 @@
 
 use super::checks::{check_label_key, check_label_value, check_node_label};
 use super::file::{
-    FileApi, FileImages, FileLogs, FileNode, FileReport, FileSeal, FileSync, FileUpgrade,
+    FileApi, FileIdentity, FileImages, FileLogs, FileNode, FileReport, FileSeal, FileSync,
+    FileUpgrade,
 };
 use super::{invalid, ConfigError};
 use crate::api::ApiConfig;
+use crate::identity::IdentityConfig;
 use crate::logs::LogsConfig;
 use crate::node::NodeConfig;
 use crate::outbox::ReportConfig;
@@ -402,4 +404,46 @@ pub(super) fn absolute(field: &str, p: &Path) -> Result<(), ConfigError> {
             format!("{} must be an absolute path", p.display()),
         ))
     }
+}
+
+pub(super) fn identity(i: FileIdentity) -> Result<IdentityConfig, ConfigError> {
+    let cert_expiration_secs = match i.cert_expiration_secs {
+        None => None,
+        Some(v) => Some(between(
+            "identity.cert_expiration_secs",
+            Some(v),
+            v,
+            600,
+            u32::MAX as u64,
+        )? as u32),
+    };
+    if let Some(p) = &i.bootstrap_kubeconfig {
+        absolute("identity.bootstrap_kubeconfig", p)?;
+    }
+    for (key, p) in [
+        ("identity.factory_key_file", &i.factory_key_file),
+        ("identity.factory_cert_file", &i.factory_cert_file),
+    ] {
+        if let Some(p) = p {
+            absolute(key, p)?;
+        }
+    }
+    if i.factory_key_file.is_some() != i.factory_cert_file.is_some() {
+        return Err(invalid(
+            "identity.factory_key_file",
+            "factory_key_file and factory_cert_file go together (the device attestation needs both)",
+        ));
+    }
+    if i.factory_key_file.is_some() && i.bootstrap_kubeconfig.is_none() {
+        return Err(invalid(
+            "identity.factory_key_file",
+            "the device attestation signs the CSRs of TLS bootstrap: set identity.bootstrap_kubeconfig too",
+        ));
+    }
+    Ok(IdentityConfig {
+        bootstrap_kubeconfig: i.bootstrap_kubeconfig,
+        cert_expiration_secs,
+        factory_key_file: i.factory_key_file,
+        factory_cert_file: i.factory_cert_file,
+    })
 }

@@ -382,3 +382,101 @@ fn env_overrides_apply() {
     assert_eq!(c.cri_socket, Path::new("/run/x.sock"));
     assert_eq!(c.log, "debug");
 }
+
+#[test]
+fn the_factory_key_and_chain_files_go_together_and_are_absolute() {
+    let file = "[identity]\nbootstrap_kubeconfig = \"/etc/edgehub/bootstrap-kubeconfig\"\nfactory_key_file = \"/etc/edgehub/factory/key.pem\"\nfactory_cert_file = \"/etc/edgehub/factory/chain.pem\"\n";
+    let c = resolve(Some(file), &[], &Overrides::default()).unwrap();
+    assert_eq!(
+        c.identity.factory_key_file.as_deref(),
+        Some(Path::new("/etc/edgehub/factory/key.pem"))
+    );
+    assert_eq!(
+        c.identity.factory_cert_file.as_deref(),
+        Some(Path::new("/etc/edgehub/factory/chain.pem"))
+    );
+    for (file, field) in [
+        (
+            "[identity]\nfactory_key_file = \"/k.pem\"",
+            "identity.factory_key_file",
+        ),
+        (
+            "[identity]\nfactory_cert_file = \"/c.pem\"",
+            "identity.factory_key_file",
+        ),
+        (
+            "[identity]\nfactory_key_file = \"k.pem\"\nfactory_cert_file = \"/c.pem\"",
+            "identity.factory_key_file",
+        ),
+        (
+            "[identity]\nfactory_key_file = \"/k.pem\"\nfactory_cert_file = \"c.pem\"",
+            "identity.factory_cert_file",
+        ),
+        // Without TLS bootstrap there is no CSR to sign.
+        (
+            "[identity]\nfactory_key_file = \"/k.pem\"\nfactory_cert_file = \"/c.pem\"",
+            "identity.factory_key_file",
+        ),
+    ] {
+        let e = resolve(Some(file), &[], &Overrides::default()).unwrap_err();
+        let msg = e.to_string();
+        assert_eq!(field_of(e), field, "{file}: {msg}");
+    }
+}
+
+#[test]
+fn the_node_name_can_come_from_a_firmware_file() {
+    let read = |p: &Path| -> std::io::Result<String> {
+        match p.to_str() {
+            Some("/run/firmware/vin") => Ok("1HGCM82633A004352\n".into()),
+            Some("/run/firmware/bad") => Ok("not a name!".into()),
+            _ => Err(std::io::Error::from(std::io::ErrorKind::NotFound)),
+        }
+    };
+    let go = |text: &str, flags: &Overrides| {
+        Config::resolve_reading(
+            Some(text),
+            Path::new("c.toml"),
+            &[],
+            flags,
+            Some("host-1".into()),
+            &read,
+        )
+    };
+    let file = "[identity]\nnode_name_file = \"/run/firmware/vin\"\n";
+    assert_eq!(
+        go(file, &Overrides::default()).unwrap().node_name,
+        "1hgcm82633a004352"
+    );
+    // The config's own node_name and the flag win over the file.
+    let named = format!("node_name = \"edge-7\"\n{file}");
+    assert_eq!(
+        go(&named, &Overrides::default()).unwrap().node_name,
+        "edge-7"
+    );
+    let flags = Overrides {
+        node_name: Some("edge-9".into()),
+        ..Default::default()
+    };
+    assert_eq!(go(file, &flags).unwrap().node_name, "edge-9");
+    for (text, want) in [
+        (
+            "[identity]\nnode_name_file = \"/run/firmware/bad\"\n",
+            "is not a valid node name",
+        ),
+        (
+            "[identity]\nnode_name_file = \"/run/firmware/none\"\n",
+            "/run/firmware/none",
+        ),
+        (
+            "[identity]\nnode_name_file = \"relative\"\n",
+            "identity.node_name_file",
+        ),
+    ] {
+        let e = go(text, &Overrides::default()).unwrap_err().to_string();
+        assert!(
+            e.contains(want) && e.contains("identity.node_name_file"),
+            "{e}"
+        );
+    }
+}

@@ -38,6 +38,11 @@ pub struct Metrics {
     pub condition_errors: AtomicU64,
     pub events: AtomicU64,
     pub event_errors: AtomicU64,
+    /// Attested approval (`approve`): node CSRs approved, denied, and decisions that could
+    /// not be made or written (retried).
+    pub csr_approved: AtomicU64,
+    pub csr_denied: AtomicU64,
+    pub csr_errors: AtomicU64,
     daemonsets: Mutex<BTreeMap<(String, String), DaemonSetGauges>>,
 }
 
@@ -141,6 +146,17 @@ impl Metrics {
             &[
                 ("result=\"ok\"".into(), get(&self.events)),
                 ("result=\"error\"".into(), get(&self.event_errors)),
+            ],
+        );
+        family(
+            &mut out,
+            "edgehub_controller_csr_decisions_total",
+            "counter",
+            "Bootstrap node CSRs decided by attested approval, by decision; errors are retried.",
+            &[
+                ("decision=\"approved\"".into(), get(&self.csr_approved)),
+                ("decision=\"denied\"".into(), get(&self.csr_denied)),
+                ("decision=\"error\"".into(), get(&self.csr_errors)),
             ],
         );
         let ds = self.daemonsets.lock().unwrap_or_else(|p| p.into_inner());

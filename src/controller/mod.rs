@@ -10,7 +10,9 @@
 //! - [`metrics`]: the `/metrics` text;
 //! - `views`, `run`, `reconcile`, `lease` (feature `controller` only): kube-rs reflectors and
 //!   the loop, one DaemonSet's reconcile and its Events, the Lease, the HTTP endpoint and
-//!   shutdown.
+//!   shutdown;
+//! - [`approve`] (feature `controller` only, opt-in): attested approval of a node's first
+//!   certificate (its pure decision parses PKCS#10 with x509-parser, hence the feature).
 //!
 //! The pure parts are plain Rust over serde-free views and compile without the feature. kube-rs
 //! and k8s-openapi are behind it, so the device binary does not carry them (DESIGN §10), while
@@ -21,6 +23,9 @@ pub mod decide;
 pub mod election;
 pub mod metrics;
 pub mod pending;
+
+#[cfg(feature = "controller")]
+pub mod approve;
 
 #[cfg(feature = "controller")]
 mod lease;

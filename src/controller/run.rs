@@ -62,6 +62,9 @@ pub struct Options {
     pub resync: Duration,
     /// Triggers for one DaemonSet closer together than this are merged into one reconcile.
     pub debounce: Duration,
+    /// Attested approval of first node certificates against the fleet CA found here (opt-in;
+    /// `None`: off, CSRs are left to the cluster's approvers).
+    pub attest_fleet_ca: Option<super::approve::CaSource>,
 }
 
 impl Default for Options {
@@ -76,6 +79,7 @@ impl Default for Options {
             lease: Timings::default(),
             resync: Duration::from_secs(300),
             debounce: Duration::from_millis(100),
+            attest_fleet_ca: None,
         }
     }
 }
@@ -238,7 +242,20 @@ pub async fn run(
             (Some(e), held)
         }
     };
-    let controller = run_controller(client, &opts, metrics.clone(), ready, stop_rx);
+    let approver = opts.attest_fleet_ca.clone().map(|ca| {
+        tokio::spawn(super::approve::run(
+            client.clone(),
+            ca,
+            metrics.clone(),
+            stop_rx.clone(),
+        ))
+    });
+    let controller = async {
+        run_controller(client, &opts, metrics.clone(), ready, stop_rx).await;
+        if let Some(a) = approver {
+            let _ = a.await;
+        }
+    };
     tokio::pin!(controller, hold);
     // `hold` ends when stop fires (shutdown, or the Lease lost), and so does the controller.
     let mut controller_done = false;

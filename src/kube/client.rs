@@ -3,7 +3,7 @@
 //! are in `verbs`, watch streams in `stream`).
 
 use super::error::{KubeError, Request, Status};
-use super::kubeconfig::{Kubeconfig, TokenSource};
+use super::kubeconfig::Kubeconfig;
 use super::resource::Resource;
 use super::tls;
 use bytes::Bytes;
@@ -30,14 +30,16 @@ pub struct ClientOptions {
     pub node_name: String,
 }
 
-/// The apiserver client. Cheap to clone: the connection pool is shared.
+/// The apiserver client. Cheap to clone: the connection pool and the credential are shared,
+/// so a credential swapped in ([`ApiClient::set_credential`]) is what every clone sends next.
 #[derive(Clone)]
 pub struct ApiClient {
-    pub(super) http: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    pub(super) cred: super::credential::Shared,
     pub(super) server: String,
-    pub(super) token: Option<TokenSource>,
     pub(super) opts: ClientOptions,
 }
+
+type Http = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// Why a client could not be built from the configuration.
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +57,35 @@ pub enum ClientSetupError {
 impl ApiClient {
     /// Builds the client. Fails only on bad TLS material; no connection is made yet.
     pub fn new(kc: &Kubeconfig, opts: ClientOptions) -> Result<ApiClient, tls::TlsSetupError> {
+        let http = Self::transport(kc, &opts)?;
+        Ok(ApiClient {
+            cred: super::credential::Shared::new(http, kc.token.clone()),
+            server: kc.server.clone(),
+            opts,
+        })
+    }
+
+    /// From now on every request (of every clone) goes out with `kc`'s credentials, over new
+    /// connections; requests already under way, and open watches, finish on the old ones.
+    /// `kc` must name the same server.
+    pub fn set_credential(&self, kc: &Kubeconfig) -> Result<(), tls::TlsSetupError> {
+        let http = Self::transport(kc, &self.opts)?;
+        self.cred.set(http, kc.token.clone());
+        Ok(())
+    }
+
+    /// No request goes out until [`ApiClient::set_credential`]: each fails as offline
+    /// ([`KubeError::Unreachable`]) with `reason`, so nothing is parked or dropped for it.
+    pub fn clear_credential(&self, reason: &str) {
+        self.cred.clear(reason);
+    }
+
+    /// What the credential in use has met: its generation and the 401s it got.
+    pub fn credential_state(&self) -> super::credential::CredentialState {
+        self.cred.state()
+    }
+
+    fn transport(kc: &Kubeconfig, opts: &ClientOptions) -> Result<Http, tls::TlsSetupError> {
         let tls = tls::client_config(
             &kc.ca_pem,
             kc.client_cert
@@ -84,16 +115,10 @@ impl ApiClient {
                 .wrap_connector(http),
             None => builder.enable_http1().wrap_connector(http),
         };
-        let client = Client::builder(TokioExecutor::new())
+        Ok(Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(4)
-            .build(https);
-        Ok(ApiClient {
-            http: client,
-            server: kc.server.clone(),
-            token: kc.token.clone(),
-            opts,
-        })
+            .build(https))
     }
 
     pub fn server(&self) -> &str {
@@ -151,7 +176,15 @@ impl ApiClient {
                 hyper::header::USER_AGENT,
                 concat!("edgehub/", env!("CARGO_PKG_VERSION")),
             );
-        if let Some(tok) = &self.token {
+        let cred = self
+            .cred
+            .current()
+            .map_err(|reason| KubeError::Unreachable {
+                request: request.clone(),
+                server: self.server.clone(),
+                reason,
+            })?;
+        if let Some(tok) = &cred.token {
             let t = tok.read().map_err(|e| KubeError::Stream {
                 request: request.clone(),
                 reason: format!("cannot read the kubeconfig's token file: {e}"),
@@ -174,7 +207,7 @@ impl ApiClient {
             request: request.clone(),
             reason: format!("cannot build request for {uri}: {e}"),
         })?;
-        let resp = match tokio::time::timeout(timeout, self.http.request(req)).await {
+        let resp = match tokio::time::timeout(timeout, cred.http.request(req)).await {
             Err(_) => {
                 return Err(KubeError::Timeout {
                     request: request.clone(),
@@ -185,6 +218,13 @@ impl ApiClient {
             Ok(Ok(r)) => r,
         };
         let status = resp.status();
+        // Any answer but a 401 means the credential authenticated (a 404 or 403 comes after
+        // authentication).
+        if status == StatusCode::UNAUTHORIZED {
+            self.cred.unauthorized(cred.generation);
+        } else {
+            self.cred.worked(cred.generation);
+        }
         if status.is_success() {
             return Ok(resp);
         }
@@ -296,7 +336,7 @@ fn rustls_error_in(err: &(dyn std::error::Error + 'static)) -> Option<String> {
     let mut cur = err;
     loop {
         if let Some(r) = cur.downcast_ref::<rustls::Error>() {
-            return Some(r.to_string());
+            return Some(super::tls_error::describe(r));
         }
         match cur
             .downcast_ref::<std::io::Error>()

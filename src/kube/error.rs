@@ -113,9 +113,10 @@ pub enum KubeError {
         server: String,
         reason: String,
     },
-    /// The server's certificate did not verify against the kubeconfig's CA. Not "offline": a
-    /// person has to fix the CA or the server address.
-    #[error("{request}: TLS verification of {server} failed: {reason}; check certificate-authority(-data) and server in the kubeconfig")]
+    /// The TLS handshake failed: the server's certificate did not verify (unknown CA, dates,
+    /// name), the server refused the client certificate, or it does not speak TLS. Not
+    /// "offline": `reason` names what failed and what to check.
+    #[error("{request}: TLS with {server} failed: {reason}")]
     Tls {
         request: Request,
         server: String,

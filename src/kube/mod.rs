@@ -6,12 +6,14 @@
 //! store keeps them exactly as sent.
 
 mod client;
+pub mod credential;
 mod error;
 pub mod kubeconfig;
 pub mod resource;
 mod retry;
 mod stream;
 pub mod tls;
+mod tls_error;
 mod verbs;
 pub mod watch;
 

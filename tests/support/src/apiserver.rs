@@ -30,6 +30,12 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
+mod csr;
+pub use csr::{
+    csrapproving, validate_kubelet_client, Approval, Approver, BootstrapToken, CsrRequest,
+    TestOnlyCertWindow, KUBELET_CLIENT_SIGNER,
+};
+
 type Body = BoxBody<Bytes, std::io::Error>;
 
 /// An early answer of a request handler (a Status error), boxed to keep `Result`s small.
@@ -126,6 +132,13 @@ pub const RESOURCES: &[ResourceType] = &[
         plural: "leases",
         kind: "Lease",
         namespaced: true,
+    },
+    ResourceType {
+        group: "certificates.k8s.io",
+        version: "v1",
+        plural: "certificatesigningrequests",
+        kind: "CertificateSigningRequest",
+        namespaced: false,
     },
 ];
 
@@ -259,7 +272,12 @@ struct State {
     held: AtomicU64,
     log: Mutex<Vec<LoggedRequest>>,
     tokens: Mutex<HashMap<String, String>>,
-    certs: Mutex<HashMap<Vec<u8>, String>>,
+    /// Client certificates by DER, checked per request (validity) as the x509 authenticator
+    /// does: the handshake takes any certificate.
+    certs: Mutex<HashMap<Vec<u8>, csr::CertIdentity>>,
+    /// Bootstrap tokens, the CSR approver and signer settings.
+    csr: Mutex<csr::CsrState>,
+    pki: Arc<TestPki>,
     /// Bumped to drop every open connection.
     kill_tx: watch::Sender<u64>,
     rbac_edgehub: AtomicBool,
@@ -323,6 +341,8 @@ impl FakeApiServer {
                 (ADMIN_TOKEN.to_string(), "admin".to_string()),
             ])),
             certs: Mutex::new(HashMap::new()),
+            csr: Mutex::new(csr::CsrState::default()),
+            pki: pki.clone(),
             kill_tx,
             rbac_edgehub: AtomicBool::new(true),
             bookmark_ms: AtomicU64::new(60_000),
@@ -363,7 +383,7 @@ impl FakeApiServer {
                         .1
                         .peer_certificates()
                         .and_then(|c| c.first())
-                        .and_then(|c| lock(&state.certs).get(c.as_ref()).cloned());
+                        .map(|c| lock(&state.certs).get(c.as_ref()).cloned());
                     let st = state.clone();
                     let svc = hyper::service::service_fn(move |req| {
                         let st = st.clone();
@@ -412,7 +432,21 @@ impl FakeApiServer {
     ) -> anyhow::Result<std::path::PathBuf> {
         std::fs::create_dir_all(dir)?;
         let cert = self.pki.client_cert(user, "system:nodes")?;
-        lock(&self.state.certs).insert(cert.der.clone(), user.to_string());
+        let mut groups = Vec::new();
+        if user.starts_with("system:node:") {
+            groups.push("system:nodes".to_string());
+        }
+        groups.push("system:authenticated".to_string());
+        lock(&self.state.certs).insert(
+            cert.der.clone(),
+            csr::CertIdentity {
+                user: user.to_string(),
+                groups,
+                not_before: std::time::UNIX_EPOCH,
+                not_after: std::time::SystemTime::now() + Duration::from_secs(10 * 365 * 86_400),
+                credential_id: csr::credential_id(&cert.der),
+            },
+        );
         std::fs::write(dir.join("ca.crt"), &self.pki.ca_pem)?;
         std::fs::write(dir.join("client.crt"), &cert.cert_pem)?;
         std::fs::write(dir.join("client.key"), &cert.key_pem)?;
@@ -751,6 +785,52 @@ impl FakeApiServer {
         lock(&self.state.tokens).remove(token);
     }
 
+    // ---- TLS bootstrap: bootstrap tokens, the CSR approver and signer ----
+
+    /// Creates a bootstrap token (the `bootstrap-token-<id>` Secret): `Bearer <id>.<secret>`
+    /// then authenticates as `system:bootstrap:<id>` until its expiration.
+    pub fn add_bootstrap_token(&self, token: BootstrapToken) {
+        lock(&self.state.csr).add_token(token);
+    }
+
+    /// The token's Secret is gone (the tokencleaner, or an operator): a plain 401.
+    pub fn remove_bootstrap_token(&self, id: &str) {
+        lock(&self.state.csr).remove_token(id);
+    }
+
+    /// Replaces the csrapproving stand-in with `approver` (called once per created CSR);
+    /// `None` restores it. [`Approval::Pending`] for every CSR leaves approval to an external
+    /// approver using the `/approval` subresource, as the attested-approval controller does.
+    pub fn set_csr_approver(&self, approver: Option<Approver>) {
+        lock(&self.state.csr).set_approver(approver);
+    }
+
+    /// Lets `user` (besides `admin`) approve and deny CSRs through `/approval`: RBAC's
+    /// `update certificatesigningrequests/approval` and `approve` on the signer.
+    pub fn allow_csr_approval(&self, user: &str) {
+        lock(&self.state.csr).allow_approver(user);
+    }
+
+    /// Whether kubeadm's auto-approve bindings exist: `kubeadm:node-autoapprove-bootstrap`
+    /// (`system:bootstrappers` → nodeclient) and `kubeadm:node-autoapprove-certificate-rotation`
+    /// (`system:nodes` → selfnodeclient). Both are on by default, as the recording had them.
+    pub fn set_csr_autoapprove_bindings(&self, bootstrap: bool, rotation: bool) {
+        lock(&self.state.csr).set_bindings(bootstrap, rotation);
+    }
+
+    /// TEST ONLY, not a real apiserver behaviour: the signer issues certificates valid from
+    /// `backdate` before signing to `valid_for` after it, whatever `expirationSeconds` says
+    /// (the real minimum is 600 s, and the real backdate 5 minutes), so rotation tests run in
+    /// seconds. `None` restores the real signer's window.
+    pub fn set_test_only_certificate_window(&self, window: Option<TestOnlyCertWindow>) {
+        lock(&self.state.csr).set_window(window);
+    }
+
+    /// The CertificateSigningRequests stored now.
+    pub fn csrs(&self) -> Vec<Value> {
+        self.list("certificatesigningrequests")
+    }
+
     pub fn requests(&self) -> Vec<LoggedRequest> {
         lock(&self.state.log).clone()
     }
@@ -782,6 +862,7 @@ fn server_tls(pki: &TestPki) -> anyhow::Result<rustls::ServerConfig> {
     )
     .allow_unauthenticated()
     .build()?;
+    let verifier = Arc::new(csr::RequestClientCert(verifier));
     let chain = vec![CertificateDer::from_pem_slice(
         pki.server_cert_pem.as_bytes(),
     )?];
@@ -1149,7 +1230,7 @@ impl std::error::Error for AnswerLost {}
 
 async fn handle(
     state: Arc<State>,
-    cert_user: Option<String>,
+    cert_user: Option<Option<csr::CertIdentity>>,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, AnswerLost> {
     let method = req.method().clone();
@@ -1157,13 +1238,24 @@ async fn handle(
     let uri = req.uri().to_string();
     let at = std::time::Instant::now();
     let query = parse_query(req.uri().query());
-    let token_user = req
+    let bearer = req
         .headers()
         .get("authorization")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-        .and_then(|t| lock(&state.tokens).get(t.trim()).cloned());
-    let user = token_user.or(cert_user);
+        .map(|t| t.trim().to_string());
+    // A bearer token is tried first, then the client certificate, as the apiserver's union
+    // authenticator does; a certificate the fake did not issue, or one outside its validity,
+    // authenticates no one (401), as the x509 authenticator answers.
+    let token_caller = bearer.as_deref().and_then(|t| {
+        let static_user = lock(&state.tokens).get(t).cloned();
+        match static_user {
+            Some(u) => Some(csr::token_caller(&u)),
+            None => csr::bootstrap_caller(&state, t),
+        }
+    });
+    let caller = token_caller.or_else(|| cert_user.flatten().as_ref().and_then(csr::cert_caller));
+    let user = caller.as_ref().map(|c| c.user.clone());
     let content_type = req
         .headers()
         .get("content-type")
@@ -1204,7 +1296,7 @@ async fn handle(
 
     let resp = route(
         &state,
-        user.as_deref(),
+        caller.as_ref(),
         &method,
         &uri,
         &path,
@@ -1243,7 +1335,7 @@ async fn handle(
 #[allow(clippy::too_many_arguments)]
 async fn route(
     state: &Arc<State>,
-    user: Option<&str>,
+    caller: Option<&csr::Caller>,
     method: &Method,
     uri: &str,
     path: &str,
@@ -1251,9 +1343,10 @@ async fn route(
     content_type: &str,
     body: &[u8],
 ) -> Response<Body> {
-    let Some(user) = user else {
+    let Some(caller) = caller else {
         return status(401, "Unauthorized", "Unauthorized", None);
     };
+    let user = caller.user.as_str();
     let injected = {
         let mut f = lock(&state.faults);
         let pos = f
@@ -1277,6 +1370,9 @@ async fn route(
         }
         return resp;
     }
+    if method == Method::POST && path == "/apis/authentication.k8s.io/v1/selfsubjectreviews" {
+        return csr::self_subject_review(caller);
+    }
     let Some(route) = parse_path(path) else {
         return status(
             404,
@@ -1285,6 +1381,15 @@ async fn route(
             None,
         );
     };
+    let v = verb(method, &route, query);
+    if let Some(denied) = csr::bootstrap_forbidden(caller, v, &route) {
+        return denied;
+    }
+    if route.rt.plural == csr::CSR.plural {
+        if let Some(answer) = csr::handle(state, caller, v, method, &route, body) {
+            return answer;
+        }
+    }
     if let Some(denied) = authorize(state, user, method, &route, query, body) {
         return denied;
     }
@@ -1661,6 +1766,9 @@ const FIELDS: &[(&str, &str)] = &[
     ("metadata.name", "/metadata/name"),
     ("metadata.namespace", "/metadata/namespace"),
     ("spec.nodeName", "/spec/nodeName"),
+    // CertificateSigningRequests' own selectable field (kubectl get csr --field-selector
+    // spec.signerName=...), as the attested approver watches them.
+    ("spec.signerName", "/spec/signerName"),
 ];
 
 struct Filter {
@@ -1682,7 +1790,9 @@ impl Filter {
             let (Req::Eq(k, _) | Req::Ne(k, _)) = r else {
                 return Err(bad("field selectors support only =, == and !=".into()));
             };
-            if !FIELDS.iter().any(|(f, _)| f == k) || (k == "spec.nodeName" && rt.plural != "pods")
+            if !FIELDS.iter().any(|(f, _)| f == k)
+                || (k == "spec.nodeName" && rt.plural != "pods")
+                || (k == "spec.signerName" && rt.plural != "certificatesigningrequests")
             {
                 return Err(bad(format!("field label not supported: {k}")));
             }
@@ -1998,6 +2108,19 @@ fn create(
     obj["metadata"]["creationTimestamp"] = now_rfc3339().into();
     if rt.plural == "pods" {
         admit_service_account(&mut obj);
+    }
+    if rt.plural == "nodes" {
+        // What the apiserver's Go types write for a Node created without them (fixture
+        // `node_create_with_issued_cert`).
+        if let Value::Object(m) = &mut obj {
+            m.entry("spec").or_insert(json!({}));
+            let st = m.entry("status").or_insert(json!({}));
+            if let Value::Object(st) = st {
+                st.entry("daemonEndpoints")
+                    .or_insert(json!({"kubeletEndpoint": {"Port": 0}}));
+                st.entry("nodeInfo").or_insert(json!({"machineID": "", "systemUUID": "", "bootID": "", "kernelVersion": "", "osImage": "", "containerRuntimeVersion": "", "kubeletVersion": "", "kubeProxyVersion": "", "operatingSystem": "", "architecture": ""}));
+            }
+        }
     }
     if rt.plural == "events" {
         // The apiserver's defaults for core/v1 Events.
@@ -2388,6 +2511,9 @@ fn bookmark(rt: &ResourceType, rv: u64, initial_end: bool) -> Value {
         m.insert("spec".into(), json!({"containers": null}));
         m.insert("status".into(), json!({}));
     }
+    if rt.plural == csr::CSR.plural {
+        csr::bookmark_fields(&mut m);
+    }
     Value::Object(m)
 }
 
@@ -2508,6 +2634,9 @@ async fn watch_task(
         }
         Start::From(rv, initial) => (rv, initial),
     };
+    // A CSR watch's bookmark goes out only once the cache holds a version newer than the
+    // watch's start (fixtures `csr_watch_timeout_no_bookmark`, `csr_watch_timeout_bookmark`).
+    let started_at = last;
     for obj in initial {
         send(event_line("ADDED", &obj)).await?;
     }
@@ -2585,7 +2714,8 @@ async fn watch_task(
                 // has not been told a newer one: one watching from a version the server
                 // does not have yet gets none (cache_watcher.go sends events newer than the
                 // watcher's version only).
-                if !state.stalled.load(Ordering::SeqCst) && current >= last {
+                let newer = rt.plural != csr::CSR.plural || current > started_at;
+                if !state.stalled.load(Ordering::SeqCst) && current >= last && newer {
                     last = current;
                     send(event_line("BOOKMARK", &bookmark(rt, last, false))).await?;
                 }

@@ -72,3 +72,132 @@ impl TestPki {
 pub fn unrelated_ca_pem() -> anyhow::Result<String> {
     Ok(TestPki::generate()?.ca_pem)
 }
+
+/// What the fake's signer read from a PEM CSR.
+pub struct ParsedCsr {
+    pub common_name: Option<String>,
+    pub organizations: Vec<String>,
+    /// Whether the CSR asks for subject alternative names (a kubelet client CSR may not).
+    pub has_sans: bool,
+    params: rcgen::CertificateSigningRequestParams,
+}
+
+/// Parses a PEM `CERTIFICATE REQUEST` (its signature checked).
+pub fn parse_csr(pem: &str) -> Result<ParsedCsr, String> {
+    let params =
+        rcgen::CertificateSigningRequestParams::from_pem(pem).map_err(|e| e.to_string())?;
+    let text = |v: &rcgen::DnValue| match v {
+        rcgen::DnValue::Utf8String(s) => s.clone(),
+        rcgen::DnValue::PrintableString(s) => s.as_str().to_string(),
+        rcgen::DnValue::Ia5String(s) => s.as_str().to_string(),
+        rcgen::DnValue::TeletexString(s) => s.as_str().to_string(),
+        other => format!("{other:?}"),
+    };
+    let mut common_name = None;
+    let mut organizations = Vec::new();
+    for (ty, v) in params.params.distinguished_name.iter() {
+        match ty {
+            DnType::CommonName => common_name = Some(text(v)),
+            DnType::OrganizationName => organizations.push(text(v)),
+            _ => {}
+        }
+    }
+    Ok(ParsedCsr {
+        common_name,
+        organizations,
+        has_sans: !params.params.subject_alt_names.is_empty(),
+        params,
+    })
+}
+
+/// A certificate the fake's CSR signer issued: its PEM and DER.
+pub struct Issued {
+    pub cert_pem: String,
+    pub der: Vec<u8>,
+}
+
+impl TestPki {
+    /// Signs a CSR as kube-controller-manager's kubelet-client signer does: the CSR's subject
+    /// and key, Key Usage digital signature (+ key encipherment when asked), Extended Key Usage
+    /// client auth, CA:FALSE, an Authority Key Identifier, a 128-bit serial, no SANs.
+    pub fn sign_csr(
+        &self,
+        csr: &ParsedCsr,
+        key_encipherment: bool,
+        not_before: std::time::SystemTime,
+        not_after: std::time::SystemTime,
+    ) -> anyhow::Result<Issued> {
+        let mut p = CertificateParams::new(Vec::<String>::new())?;
+        p.distinguished_name = csr.params.params.distinguished_name.clone();
+        p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        if key_encipherment {
+            p.key_usages.push(KeyUsagePurpose::KeyEncipherment);
+        }
+        p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        p.is_ca = IsCa::ExplicitNoCa;
+        p.use_authority_key_identifier_extension = true;
+        let mut serial = [0u8; 16];
+        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut serial)
+            .map_err(|_| anyhow::anyhow!("no randomness for a serial"))?;
+        serial[0] &= 0x7f;
+        p.serial_number = Some(rcgen::SerialNumber::from_slice(&serial));
+        p.not_before = time::OffsetDateTime::from(not_before);
+        p.not_after = time::OffsetDateTime::from(not_after);
+        let req = rcgen::CertificateSigningRequestParams {
+            params: p,
+            public_key: csr.params.public_key.clone(),
+        };
+        let cert = req.signed_by(&self.issuer)?;
+        Ok(Issued {
+            cert_pem: cert.pem(),
+            der: cert.der().to_vec(),
+        })
+    }
+}
+
+/// A node's CSR as edgehub and the kubelet make it: a fresh EC P-256 key, subject
+/// `O=<org>, CN=<cn>`, no SANs. Returns (CSR PEM, key PEM).
+pub fn node_csr(cn: &str, org: &str) -> anyhow::Result<(String, String)> {
+    let key = KeyPair::generate()?;
+    let mut p = CertificateParams::new(Vec::<String>::new())?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::OrganizationName, org);
+    dn.push(DnType::CommonName, cn);
+    p.distinguished_name = dn;
+    let csr = p.serialize_request(&key)?;
+    Ok((csr.pem()?, key.serialize_pem()))
+}
+
+/// What a test checks in an issued certificate.
+#[derive(Debug, Clone)]
+pub struct CertInfo {
+    pub subject: String,
+    pub issuer: String,
+    pub not_before: i64,
+    pub not_after: i64,
+    pub client_auth: bool,
+    pub digital_signature: bool,
+    pub is_ca: bool,
+    pub has_san: bool,
+    pub serial_bits: u64,
+}
+
+/// Reads a PEM certificate.
+pub fn cert_info(pem: &str) -> anyhow::Result<CertInfo> {
+    use x509_parser::prelude::*;
+    let (_, p) = parse_x509_pem(pem.as_bytes())?;
+    let c = p.parse_x509()?;
+    let eku = c.extended_key_usage()?.map(|e| e.value.client_auth);
+    let ku = c.key_usage()?.map(|k| k.value.digital_signature());
+    Ok(CertInfo {
+        subject: c.subject().to_string(),
+        issuer: c.issuer().to_string(),
+        not_before: c.validity().not_before.timestamp(),
+        not_after: c.validity().not_after.timestamp(),
+        client_auth: eku.unwrap_or(false),
+        digital_signature: ku.unwrap_or(false),
+        is_ca: c.is_ca(),
+        has_san: c.subject_alternative_name()?.is_some(),
+        serial_bits: c.serial.bits(),
+    })
+}

@@ -7,9 +7,13 @@ pub mod chaos;
 pub mod daemonset_sim;
 pub mod patch;
 mod rawclient;
+pub use rawclient::ClientPem;
 pub mod yocto;
 
-pub use apiserver::{FakeApiServer, ADMIN_TOKEN, NODE_TOKEN, NODE_USER};
+pub use apiserver::{
+    Approval, Approver, BootstrapToken, CsrRequest, FakeApiServer, TestOnlyCertWindow, ADMIN_TOKEN,
+    NODE_TOKEN, NODE_USER,
+};
 
 use std::path::PathBuf;
 

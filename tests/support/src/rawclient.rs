@@ -10,8 +10,15 @@ use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// A client certificate and its key, both PEM, presented in the handshake.
+pub struct ClientPem<'a> {
+    pub cert: &'a str,
+    pub key: &'a str,
+}
+
 async fn connect(
     server: &FakeApiServer,
+    client: Option<&ClientPem<'_>>,
 ) -> anyhow::Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>> {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(CertificateDer::from_pem_slice(
@@ -21,8 +28,14 @@ async fn connect(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+    .with_root_certificates(roots);
+    let cfg = match client {
+        None => cfg.with_no_client_auth(),
+        Some(c) => cfg.with_client_auth_cert(
+            vec![CertificateDer::from_pem_slice(c.cert.as_bytes())?],
+            rustls::pki_types::PrivateKeyDer::from_pem_slice(c.key.as_bytes())?,
+        )?,
+    };
     let tcp = tokio::net::TcpStream::connect(server.addr).await?;
     let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
         .connect(ServerName::try_from("127.0.0.1")?.to_owned(), tcp)
@@ -67,7 +80,21 @@ impl FakeApiServer {
         content_type: Option<&str>,
         body: Option<&Value>,
     ) -> anyhow::Result<(u16, Value)> {
-        let mut send = connect(self).await?;
+        self.raw_as(token, None, method, path, content_type, body)
+            .await
+    }
+
+    /// [`Self::raw`] with a client certificate in the handshake as well (or instead).
+    pub async fn raw_as(
+        &self,
+        token: Option<&str>,
+        client: Option<&ClientPem<'_>>,
+        method: &str,
+        path: &str,
+        content_type: Option<&str>,
+        body: Option<&Value>,
+    ) -> anyhow::Result<(u16, Value)> {
+        let mut send = connect(self, client).await?;
         let resp = send
             .send_request(build(token, method, path, content_type, body)?)
             .await?;
@@ -85,7 +112,19 @@ impl FakeApiServer {
         max: usize,
         wait: Duration,
     ) -> anyhow::Result<(u16, Vec<Value>)> {
-        let mut send = connect(self).await?;
+        self.raw_watch_as(token, None, path, max, wait).await
+    }
+
+    /// [`Self::raw_watch`] with a client certificate in the handshake.
+    pub async fn raw_watch_as(
+        &self,
+        token: Option<&str>,
+        client: Option<&ClientPem<'_>>,
+        path: &str,
+        max: usize,
+        wait: Duration,
+    ) -> anyhow::Result<(u16, Vec<Value>)> {
+        let mut send = connect(self, client).await?;
         let resp = send
             .send_request(build(token, "GET", path, None, None)?)
             .await?;

@@ -23,6 +23,7 @@ EDGEHUB_GIT_BRANCH_PARAM = "${@'branch=' + d.getVar('EDGEHUB_GIT_BRANCH') if d.g
 SRC_URI = "git://${EDGEHUB_GIT_URI};protocol=${EDGEHUB_GIT_PROTOCOL};${EDGEHUB_GIT_BRANCH_PARAM} \
            file://edgehub.service \
            file://config.toml \
+           file://bootstrap-kubeconfig \
 "
 SRCREV = "${EDGEHUB_SRCREV}"
 # "+git": the package version then carries the commit (0.1.0+git<n>+<hash>), so builds of
@@ -52,16 +53,20 @@ do_compile() {
 do_install:append() {
     install -d -m 0755 ${D}${sysconfdir}/edgehub
     install -m 0644 ${UNPACKDIR}/config.toml ${D}${sysconfdir}/edgehub/config.toml
+    # The fleet-wide bootstrap kubeconfig; each device's key and certificate are made on the
+    # device, in identity/ under the data dir (docs/identity.md).
+    install -m 0644 ${UNPACKDIR}/bootstrap-kubeconfig ${D}${sysconfdir}/edgehub/bootstrap-kubeconfig
     install -d -m 0700 ${D}${localstatedir}/lib/edgehub
+    install -d -m 0700 ${D}${localstatedir}/lib/edgehub/identity
     install -d ${D}${systemd_system_unitdir}
     install -m 0644 ${UNPACKDIR}/edgehub.service ${D}${systemd_system_unitdir}/edgehub.service
     install -d ${D}${docdir}/edgehub
-    install -m 0644 ${S}/README.md ${S}/deploy/rbac.yaml ${S}/deploy/kubeconfig.template.yaml ${D}${docdir}/edgehub/
+    install -m 0644 ${S}/README.md ${S}/deploy/rbac.yaml ${S}/deploy/kubeconfig.template.yaml ${S}/docs/identity.md ${D}${docdir}/edgehub/
 }
 
 SYSTEMD_SERVICE:${PN} = "edgehub.service"
 SYSTEMD_AUTO_ENABLE:${PN} = "enable"
 FILES:${PN} += "${localstatedir}/lib/edgehub ${systemd_system_unitdir}/edgehub.service"
-CONFFILES:${PN} = "${sysconfdir}/edgehub/config.toml"
+CONFFILES:${PN} = "${sysconfdir}/edgehub/config.toml ${sysconfdir}/edgehub/bootstrap-kubeconfig"
 # The recommendation of a CRI runtime (meta-virtualization's containerd) is in
 # dynamic-layers/virtualization-layer, parsed only when that layer is present.
