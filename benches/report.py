@@ -54,6 +54,13 @@ ROWS = [
     ("upgrade_overhead_ms", "offline in-place upgrade, minus containerd's own swap", 300,
      "Ankaios rolling update 1455 ms vs K3s 2101 ms"),
     ("upgrade_ms", "offline in-place upgrade, POST → new container running", None, ""),
+    ("image_import_mb_per_s", "side-load of a 100 MB oci-archive, edgehub images load", None,
+     "benches/images.rs"),
+    ("ctr_import_mb_per_s", "  the same file by ctr images import --no-unpack, same run", None, ""),
+    ("image_import_vs_ctr_percent", "  edgehub's throughput as a share of ctr's", None,
+     "budget: at least 80 %"),
+    ("image_import_peak_rss_over_idle_kib", "edgehub's peak RSS during that import, over idle",
+     None, "budget: +4096 KiB (it streams)"),
     ("restart_ms_alone", "killed container → running again (backoff 100 ms)", None, ""),
     ("idle_cpu_s_per_minute_2_probed_pods", "idle CPU (utime + stime) per minute, online, the 2 "
      "recorded DaemonSet pods (an exec readiness probe every 2 s each)", 0.15,

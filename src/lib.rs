@@ -22,12 +22,14 @@ pub mod api;
 pub mod attest;
 pub mod backoff;
 pub mod config;
+pub mod containerd;
 /// The cloud-side `edgehub controller`: its pure decision is always built (and tested); its
 /// kube-rs I/O only with feature `controller`.
 pub mod controller;
 pub mod cri;
 pub mod failpoint;
 pub mod identity;
+pub mod images;
 pub mod kube;
 pub mod link;
 pub mod local_client;

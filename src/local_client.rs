@@ -1,6 +1,8 @@
 //! The command-line side of the local API: a small blocking HTTP client, and the pure
 //! functions that turn the API's answers into what `edgehub pods|upgrade|status|logs` print.
 
+mod upload;
+
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;

@@ -90,6 +90,9 @@ enum Command {
         #[arg(long, allow_negative_numbers = true)]
         tail: Option<i64>,
     },
+    /// Side-loaded images (asks the local API).
+    #[command(subcommand)]
+    Images(ImagesCommand),
     /// Print the version.
     Version,
     /// Run the cloud-side controller: AdvancedRollingUpdate and OTA `PodNeedUpgrade` for
@@ -97,6 +100,20 @@ enum Command {
     /// ~/.kube/config or the in-cluster service account.
     #[cfg(feature = "controller")]
     Controller(ControllerArgs),
+}
+
+#[derive(Subcommand)]
+enum ImagesCommand {
+    /// Import an image archive (OCI layout: skopeo copy ... oci-archive:FILE:NAME, or docker
+    /// save), gzip or not, into the container runtime. Only images a cached DaemonSet
+    /// revision of this node names are accepted, by digest where the template pins one.
+    Load {
+        /// The archive, or `-` for standard input.
+        file: String,
+        /// Import it even though no cached revision names it (the operator's override).
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 #[cfg(feature = "controller")]
@@ -147,6 +164,7 @@ fn main() -> ExitCode {
         Command::Pods => pods(&cli),
         Command::Upgrade { pod, wait, timeout } => upgrade(&cli, pod, *wait, *timeout),
         Command::Status => status(&cli),
+        Command::Images(ImagesCommand::Load { file, force }) => images_load(&cli, file, *force),
         Command::Logs {
             pod,
             container,
@@ -394,6 +412,28 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
         }
         .run(Some(sync.link.clone()), shutdown_rx.clone()),
     );
+    // Side-loaded images: what a killed import left goes first, then the drop directory.
+    let importer = Arc::new(edgehub::images::Importer::new(
+        CriClient::new(&config.cri_socket),
+        store.clone(),
+        config.images.clone(),
+        &config.node_name,
+    ));
+    let drop_task = {
+        let importer = importer.clone();
+        let dir = config.images.drop_dir.clone();
+        let shutdown = shutdown_rx.clone();
+        tokio::spawn(async move {
+            match importer.clean_leftovers().await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(imports = n, "removed interrupted image imports"),
+                Err(e) => tracing::warn!(error = %e, "cannot look for interrupted image imports"),
+            }
+            if let Some(dir) = dir {
+                edgehub::images::drop::run(importer, dir, shutdown).await;
+            }
+        })
+    };
     let state = Arc::new(api::ApiState {
         store: store.clone(),
         link: sync.link.clone(),
@@ -404,6 +444,7 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
         cri: cri_health,
         runtime: Some(CriClient::new(&config.cri_socket)),
         streams: Default::default(),
+        images: Some(importer.clone()),
     });
     let mut servers = Vec::new();
     for l in listeners {
@@ -432,6 +473,7 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
     let _ = engine_task.await;
     let _ = sources_task.await;
     let _ = report_task.await;
+    let _ = drop_task.await;
     if let Some(t) = identity_task {
         let _ = t.await;
     }
@@ -566,6 +608,30 @@ fn status(cli: &Cli) -> anyhow::Result<()> {
         "{}",
         local::status_text(&a.body).map_err(anyhow::Error::msg)?
     );
+    Ok(())
+}
+
+fn images_load(cli: &Cli, file: &str, force: bool) -> anyhow::Result<()> {
+    let (reader, len): (Box<dyn std::io::Read + Send>, Option<u64>) = if file == "-" {
+        (Box::new(std::io::stdin()), None)
+    } else {
+        let f = std::fs::File::open(file).with_context(|| format!("cannot open {file}"))?;
+        let len = f.metadata().ok().map(|m| m.len());
+        (Box::new(f), len)
+    };
+    let path = if force {
+        "/v1/images/load?force=true"
+    } else {
+        "/v1/images/load"
+    };
+    let a = local_client(cli)?.upload(path, reader, len)?;
+    if a.status != 200 {
+        anyhow::bail!("{} ({})", a.body.trim(), a.status);
+    }
+    let v: serde_json::Value = serde_json::from_str(&a.body).unwrap_or_default();
+    for name in v["images"].as_array().into_iter().flatten() {
+        println!("loaded {}", name.as_str().unwrap_or_default());
+    }
     Ok(())
 }
 

@@ -32,6 +32,7 @@ fn api_state(h: &Harness) -> ApiState {
         cri: ready_runtime(),
         runtime: None,
         streams: Default::default(),
+        images: None,
     }
 }
 

@@ -250,7 +250,10 @@ fn images_missing_offline(state: &ApiState, pod_uid: &str, target: &str) -> Opti
     Some(Reply::text(
         412,
         format!(
-            "Images of revision {target} are not on the node and their registry cannot be reached: {}",
+            "Images of revision {target} are not on the node and their registry cannot be reached: {}; \
+             side-load them (an OCI archive, skopeo copy ... oci-archive:FILE:IMAGE, or docker save): \
+             edgehub images load FILE, POST /v1/images/load, or a FILE.tar renamed into the image drop \
+             directory; then ask again",
             missing.join(", ")
         ),
     ))

@@ -10,6 +10,7 @@
 
 pub mod guard;
 pub mod handlers;
+pub mod images;
 pub mod listen;
 pub mod logs;
 pub mod metrics;
@@ -103,6 +104,8 @@ pub struct ApiState {
     pub runtime: Option<crate::cri::CriClient>,
     /// Followed logs, counted apart from connections.
     pub streams: Streams,
+    /// Image side-loads (`POST /v1/images/load`); `None` answers 503.
+    pub images: Option<Arc<crate::images::Importer>>,
 }
 
 /// A response before it becomes HTTP.
@@ -175,6 +178,8 @@ fn dispatch(state: &ApiState, route: &Route, query: Option<&str>) -> Answer {
         Route::UpgradeStatus { namespace, name } => {
             handlers::upgrade_status(state, namespace, name)
         }
+        // Streamed by `handle` before any dispatch; never reached.
+        Route::ImagesLoad => Reply::text(500, "Image loads are streamed"),
         Route::Status => handlers::status(state),
         Route::Healthz => Reply::text(200, "ok"),
         Route::Readyz => handlers::readyz(state),
@@ -252,6 +257,11 @@ pub async fn handle(state: Arc<ApiState>, req: Request<Incoming>, via: guard::Vi
     };
     let (route_name, answer) = match routed {
         Err((name, reply)) => (name, Answer::Reply(reply)),
+        // An image archive: streamed to the importer with its own size limit, not collected.
+        Ok(Route::ImagesLoad) => (
+            Route::ImagesLoad.name(),
+            Answer::Reply(images::load(&state, req, query.as_deref()).await),
+        ),
         Ok(route) => {
             let body = Limited::new(req.into_body(), MAX_BODY);
             let reply = |r| (route.name(), Answer::Reply(r));

@@ -27,6 +27,8 @@ pub enum Route {
         namespace: String,
         name: String,
     },
+    /// `POST /v1/images/load`: an image archive streamed in the body (`crate::images`).
+    ImagesLoad,
     Status,
     Healthz,
     Readyz,
@@ -42,6 +44,7 @@ impl Route {
             Route::ImagePull { .. } => "imagepull",
             Route::UpgradeStatus { .. } => "upgrade_status",
             Route::Logs { .. } => "logs",
+            Route::ImagesLoad => "images_load",
             Route::Status => "status",
             Route::Healthz => "healthz",
             Route::Readyz => "readyz",
@@ -96,6 +99,11 @@ pub const ROUTES: &[(&str, &str, &[u16])] = &[
         "GET",
         &[200, 400, 401, 404, 429, 500],
     ),
+    (
+        "/v1/images/load",
+        "POST",
+        &[200, 400, 401, 403, 408, 413, 500, 503, 507],
+    ),
     ("/v1/status", "GET", &[200, 401, 500]),
     ("/v1/healthz", "GET", &[200]),
     ("/v1/readyz", "GET", &[200, 503]),
@@ -118,6 +126,7 @@ pub fn route(method: &str, path: &str) -> Result<Route, Reject> {
     let (route, allow) = match segs.as_slice() {
         ["pods"] => (Route::Pods, "GET"),
         ["v1", "status"] => (Route::Status, "GET"),
+        ["v1", "images", "load"] => (Route::ImagesLoad, "POST"),
         ["v1", "healthz"] => (Route::Healthz, "GET"),
         ["v1", "readyz"] => (Route::Readyz, "GET"),
         ["metrics"] => (Route::Metrics, "GET"),
@@ -138,7 +147,7 @@ pub fn route(method: &str, path: &str) -> Result<Route, Reject> {
     };
     let allowed = match &route {
         Route::UpgradeStatus { .. } | Route::Upgrade { .. } => method == "GET" || method == "POST",
-        Route::ImagePull { .. } => method == "POST",
+        Route::ImagePull { .. } | Route::ImagesLoad => method == "POST",
         _ => method == "GET" || method == "HEAD",
     };
     if !allowed {
@@ -183,6 +192,8 @@ mod tests {
         assert_eq!(route("GET", "/v1/readyz"), Ok(Route::Readyz));
         assert_eq!(route("GET", "/metrics"), Ok(Route::Metrics));
         assert_eq!(route("GET", "/v1/status"), Ok(Route::Status));
+        assert_eq!(route("POST", "/v1/images/load"), Ok(Route::ImagesLoad));
+        assert_eq!(route("GET", "/v1/images/load").unwrap_err().status, 405);
         assert_eq!(
             route("GET", "/v1/namespaces/vehicle/pods/telemetry-sv74m/log"),
             Ok(Route::Logs {

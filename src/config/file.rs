@@ -30,7 +30,19 @@ pub(super) struct FileConfig {
     #[serde(default)]
     pub(super) seal: FileSeal,
     #[serde(default)]
+    pub(super) images: FileImages,
+    #[serde(default)]
     pub(super) identity: FileIdentity,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FileImages {
+    pub(super) max_archive_mib: Option<u64>,
+    pub(super) reserve_mib: Option<u64>,
+    /// A path, or "none" for no drop directory.
+    pub(super) drop_dir: Option<String>,
+    pub(super) drop_interval_secs: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -55,6 +55,7 @@ pub struct Config {
     pub report: ReportConfig,
     pub logs: LogsConfig,
     pub seal: SealConfig,
+    pub images: crate::images::ImagesConfig,
     pub identity: IdentityConfig,
 }
 
@@ -276,6 +277,7 @@ impl Config {
         let report = sections::report(file.report)?;
         let logs = sections::logs(file.logs)?;
         let seal = sections::seal(file.seal)?;
+        let images = sections::images(file.images, &data_dir)?;
         let identity = sections::identity(file.identity)?;
         Ok(Config {
             node_name,
@@ -291,6 +293,7 @@ impl Config {
             report,
             logs,
             seal,
+            images,
             identity,
         })
     }

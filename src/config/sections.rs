@@ -3,7 +3,8 @@
 
 use super::checks::{check_label_key, check_label_value, check_node_label};
 use super::file::{
-    FileApi, FileIdentity, FileLogs, FileNode, FileReport, FileSeal, FileSync, FileUpgrade,
+    FileApi, FileIdentity, FileImages, FileLogs, FileNode, FileReport, FileSeal, FileSync,
+    FileUpgrade,
 };
 use super::{invalid, ConfigError};
 use crate::api::ApiConfig;
@@ -310,6 +311,44 @@ pub(super) fn logs(l: FileLogs) -> Result<LogsConfig, ConfigError> {
         )?),
     };
     Ok(logs)
+}
+
+pub(super) fn images(
+    im: FileImages,
+    data_dir: &Path,
+) -> Result<crate::images::ImagesConfig, ConfigError> {
+    let mut images = crate::images::ImagesConfig::defaults(data_dir);
+    images.max_archive_bytes = between(
+        "images.max_archive_mib",
+        im.max_archive_mib,
+        images.max_archive_bytes >> 20,
+        1,
+        1 << 20,
+    )? << 20;
+    images.reserve_bytes = between(
+        "images.reserve_mib",
+        im.reserve_mib,
+        images.reserve_bytes >> 20,
+        0,
+        1 << 20,
+    )? << 20;
+    images.drop_interval = Duration::from_secs(between(
+        "images.drop_interval_secs",
+        im.drop_interval_secs,
+        images.drop_interval.as_secs(),
+        1,
+        3_600,
+    )?);
+    match im.drop_dir.as_deref() {
+        None => {}
+        Some("none") => images.drop_dir = None,
+        Some(p) => {
+            let p = std::path::PathBuf::from(p);
+            absolute("images.drop_dir", &p)?;
+            images.drop_dir = Some(p);
+        }
+    }
+    Ok(images)
 }
 
 pub(super) fn seal(s: FileSeal) -> Result<SealConfig, ConfigError> {

@@ -81,6 +81,22 @@ impl CriClient {
         &self.socket
     }
 
+    /// The mountpoint of the runtime's image filesystem (CRI `ImageFsInfo`), where image
+    /// imports take their space from; `None` when the runtime reports none.
+    pub async fn image_fs_mountpoint(&self) -> Result<Option<PathBuf>, CriError> {
+        let mut c = self.images.clone();
+        let r = self
+            .call("ImageFsInfo", CALL, || {
+                c.image_fs_info(req(api::ImageFsInfoRequest {}, CALL))
+            })
+            .await?;
+        Ok(r.image_filesystems
+            .into_iter()
+            .filter_map(|f| f.fs_id.map(|i| i.mountpoint))
+            .find(|m| !m.is_empty())
+            .map(PathBuf::from))
+    }
+
     /// `containerd://1.6.20`, as a Node's nodeInfo carries it.
     pub fn runtime_version_string(v: &api::VersionResponse) -> String {
         format!("{}://{}", v.runtime_name, v.runtime_version)

@@ -1,0 +1,178 @@
+//! `POST /v1/images/load`: an image archive streamed in the request body into the importer
+//! ([`crate::images`]). It has its own size limit (`images.max_archive_bytes`) instead of
+//! [`super::MAX_BODY`], and an idle timeout instead of the request deadline: a large archive
+//! over a slow pipe takes as long as it takes, while a client that stops sending is cut off.
+
+use super::{ApiState, Reply};
+use crate::images::{ImageError, LoadOptions};
+use bytes::{Buf, Bytes};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::Request;
+use std::io::Read;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// A client that sends nothing for this long has its import ended.
+pub const IDLE: Duration = Duration::from_secs(60);
+/// How long the rest of a refused upload is read, so the client gets the answer.
+const DRAIN: Duration = Duration::from_secs(60);
+/// Body frames queued ahead of the importer (a frame is at most hyper's read buffer).
+const QUEUE: usize = 8;
+
+/// Whether the query string asks for the override (`force=true` or `force=1`).
+pub fn force(query: Option<&str>) -> bool {
+    query
+        .unwrap_or("")
+        .split('&')
+        .any(|kv| kv == "force=true" || kv == "force=1")
+}
+
+/// The request body as the blocking importer reads it.
+struct BodyReader {
+    rx: mpsc::Receiver<std::io::Result<Bytes>>,
+    cur: Bytes,
+}
+
+impl Read for BodyReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.cur.is_empty() {
+            match self.rx.blocking_recv() {
+                Some(Ok(b)) => self.cur = b,
+                Some(Err(e)) => return Err(e),
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.cur.len());
+        buf[..n].copy_from_slice(&self.cur[..n]);
+        self.cur.advance(n);
+        Ok(n)
+    }
+}
+
+pub async fn load(
+    state: &std::sync::Arc<ApiState>,
+    req: Request<Incoming>,
+    query: Option<&str>,
+) -> Reply {
+    let Some(importer) = state.images.clone() else {
+        return Reply::text(
+            503,
+            "Image loads need the container runtime (containerd's socket)",
+        );
+    };
+    let limit = importer.config.max_archive_bytes;
+    let declared = req
+        .headers()
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Reply::text(413, ImageError::TooLarge { limit }.to_string());
+    }
+    let opts = LoadOptions {
+        force: force(query),
+    };
+    let (tx, rx) = mpsc::channel(QUEUE);
+    let rt = tokio::runtime::Handle::current();
+    let imp = importer.clone();
+    let job = tokio::task::spawn_blocking(move || {
+        imp.load_blocking(
+            &rt,
+            BodyReader {
+                rx,
+                cur: Bytes::new(),
+            },
+            opts,
+        )
+    });
+    let mut body = req.into_body();
+    let (mut total, mut cut, mut stopped) = (0u64, None, false);
+    loop {
+        let frame = match tokio::time::timeout(IDLE, body.frame()).await {
+            Err(_) => {
+                cut = Some(408);
+                let _ = tx
+                    .send(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("the client sent nothing for {} s", IDLE.as_secs()),
+                    )))
+                    .await;
+                break;
+            }
+            Ok(None) => break,
+            Ok(Some(Err(e))) => {
+                let _ = tx
+                    .send(Err(std::io::Error::other(format!(
+                        "the upload broke off: {e}"
+                    ))))
+                    .await;
+                break;
+            }
+            Ok(Some(Ok(f))) => f,
+        };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        total += data.len() as u64;
+        if total > limit {
+            cut = Some(413);
+            let _ = tx
+                .send(Err(std::io::Error::other(
+                    ImageError::TooLarge { limit }.to_string(),
+                )))
+                .await;
+            break;
+        }
+        if tx.send(Ok(data)).await.is_err() {
+            stopped = true; // The importer stopped reading: it has its answer.
+            break;
+        }
+    }
+    drop(tx);
+    let result = job.await;
+    if stopped {
+        // The client is still sending: read the rest (bounded) so it gets the answer rather
+        // than a connection reset mid-upload.
+        let drain = async {
+            while let Ok(Some(Ok(f))) = tokio::time::timeout(IDLE, body.frame()).await {
+                total += f.data_ref().map_or(0, |d| d.len() as u64);
+                if total > limit {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(DRAIN, drain).await;
+    }
+    match result {
+        Ok(Ok(loaded)) => {
+            if let Err(e) = importer.images_arrived().await {
+                tracing::warn!(error = %e, "cannot tell which pods' images are all here now");
+            }
+            Reply::json(200, serde_json::to_string(&loaded).unwrap_or_default())
+        }
+        Ok(Err(e)) => {
+            let status = match (cut, &e) {
+                (Some(413), _) => {
+                    return Reply::text(413, ImageError::TooLarge { limit }.to_string())
+                }
+                (Some(s), ImageError::Input(_)) => s,
+                _ => e.http_status(),
+            };
+            Reply::text(status, format!("Image load failed: {e}"))
+        }
+        Err(e) => Reply::internal("Image load failed", &e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_override_is_explicit() {
+        assert!(super::force(Some("force=true")));
+        assert!(super::force(Some("a=b&force=1")));
+        assert!(!super::force(Some("force=false")));
+        assert!(!super::force(Some("forced=true")));
+        assert!(!super::force(None));
+    }
+}

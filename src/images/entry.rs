@@ -1,0 +1,131 @@
+//! An archive's entries, pure: what a path in the archive is, paths kept inside it, digests
+//! as containerd names them.
+
+use super::reference::is_sha256_digest;
+use super::ImageError;
+use std::io::Read;
+
+pub(super) enum Entry {
+    Meta,
+    Blob(Option<String>),
+    Skip,
+}
+
+/// What an archive entry is, by its path.
+pub(super) fn classify(path: &str) -> Result<Entry, ImageError> {
+    if matches!(
+        path,
+        "oci-layout" | "index.json" | "manifest.json" | "repositories"
+    ) {
+        return Ok(Entry::Meta);
+    }
+    if let Some(rest) = path.strip_prefix("blobs/") {
+        let digest = rest.replacen('/', ":", 1);
+        if !is_sha256_digest(&digest) {
+            return Err(ImageError::Archive(format!(
+                "blob {path}: only sha256 digests are supported"
+            )));
+        }
+        return Ok(Entry::Blob(Some(digest)));
+    }
+    if let Some(hex) = path.strip_suffix(".json").filter(|h| !h.contains('/')) {
+        let digest = format!("sha256:{hex}");
+        if is_sha256_digest(&digest) {
+            // A docker-archive's config, named for its digest.
+            return Ok(Entry::Blob(Some(digest)));
+        }
+    }
+    if path.ends_with("/layer.tar") || path.ends_with(".tar") {
+        return Ok(Entry::Blob(None));
+    }
+    Ok(Entry::Skip)
+}
+
+/// A path inside the archive, without `./`, refused when it climbs out.
+pub(super) fn clean(path: &str) -> Result<String, ImageError> {
+    let mut parts = Vec::new();
+    for p in path.split('/') {
+        match p {
+            "" | "." => {}
+            ".." => {
+                if parts.pop().is_none() {
+                    return Err(ImageError::Archive(format!(
+                        "entry {path:?} climbs out of the archive"
+                    )));
+                }
+            }
+            p => parts.push(p),
+        }
+    }
+    Ok(parts.join("/"))
+}
+
+pub(super) fn sha256_hex(d: ring::digest::Digest) -> String {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(71);
+    s.push_str("sha256:");
+    for b in d.as_ref() {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+/// Reads until `buf` is full or the reader ends.
+pub(super) fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_by_path() {
+        let d = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+        assert!(matches!(classify("index.json"), Ok(Entry::Meta)));
+        assert!(matches!(classify("manifest.json"), Ok(Entry::Meta)));
+        assert!(
+            matches!(classify(&format!("blobs/sha256/{d}")), Ok(Entry::Blob(Some(x))) if x == format!("sha256:{d}"))
+        );
+        assert!(classify("blobs/sha512/abc").is_err());
+        assert!(classify("blobs/sha256/ABC").is_err());
+        assert!(matches!(
+            classify(&format!("{d}.json")),
+            Ok(Entry::Blob(Some(_)))
+        ));
+        assert!(matches!(
+            classify(&format!("{d}/layer.tar")),
+            Ok(Entry::Blob(None))
+        ));
+        assert!(matches!(classify(&format!("{d}/json")), Ok(Entry::Skip)));
+        assert!(matches!(classify("VERSION"), Ok(Entry::Skip)));
+    }
+
+    #[test]
+    fn archive_paths_stay_inside() {
+        assert_eq!(clean("./blobs/sha256/x").unwrap(), "blobs/sha256/x");
+        assert_eq!(clean("a//b/./c").unwrap(), "a/b/c");
+        assert!(clean("../etc/passwd").is_err());
+        assert!(clean("a/../../b").is_err());
+        // docker save links a shared layer as ../<id>/layer.tar from its own directory.
+        assert_eq!(clean("l2/../l1/layer.tar").unwrap(), "l1/layer.tar");
+    }
+
+    #[test]
+    fn digests_print_as_containerd_names_them() {
+        let d = ring::digest::digest(&ring::digest::SHA256, b"");
+        assert_eq!(
+            sha256_hex(d),
+            "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+    }
+}

@@ -1,0 +1,329 @@
+//! Side-loaded images, for devices that never see a registry: an OCI image layout archive
+//! (`skopeo copy ... oci-archive:FILE:NAME`) or a docker-archive (`docker save`), gzip or not,
+//! streamed into containerd's own content and images services in the CRI's namespace, so the
+//! CRI's `ImageStatus`, the pre-pull and the upgrade see the image at once.
+//!
+//! Only what the cluster asked for goes in: every blob's digest is checked while it streams;
+//! an image must be named by a cached DaemonSet revision (by digest where its template pins
+//! one, by name and tag otherwise) unless the operator forces it. Everything an import writes
+//! is held by a containerd lease until the image is named; a corrupt, truncated, refused or
+//! interrupted import deletes the lease, and containerd collects what it held. Free space on
+//! the image filesystem is checked before each blob the archive adds (blobs already in the
+//! store cost nothing).
+//!
+//! The surfaces: `POST /v1/images/load` of the local API (`edgehub images load FILE|-`), and a
+//! drop directory for OTA managers that only write files ([`drop`]).
+
+pub mod drop;
+mod entry;
+mod import;
+pub mod oci;
+pub mod policy;
+pub mod reference;
+
+pub use import::{Loaded, CHUNK};
+
+use crate::containerd::{Containerd, ContainerdError};
+use crate::cri::{CriClient, CriRuntime};
+use crate::object::Kind;
+use crate::revision::Revision;
+use crate::store::{Store, StoreError};
+use policy::Wanted;
+use reference::Reference;
+use serde_json::Value;
+use std::collections::{BTreeMap, HashMap};
+use std::io::Read;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The `[images]` section of the configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImagesConfig {
+    /// Largest archive accepted through the local API, in bytes.
+    pub max_archive_bytes: u64,
+    /// Free space an import leaves on the image filesystem at the least, in bytes.
+    pub reserve_bytes: u64,
+    /// The drop directory; `None` turns it off.
+    pub drop_dir: Option<PathBuf>,
+    /// How often the drop directory is looked at.
+    pub drop_interval: Duration,
+}
+
+impl ImagesConfig {
+    /// The defaults, with the drop directory under `data_dir`.
+    pub fn defaults(data_dir: &std::path::Path) -> ImagesConfig {
+        ImagesConfig {
+            max_archive_bytes: 8 << 30,
+            reserve_bytes: 64 << 20,
+            drop_dir: Some(data_dir.join("images")),
+            drop_interval: Duration::from_secs(2),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    #[error("not a usable image archive: {0}")]
+    Archive(String),
+    #[error("the archive is truncated: {path} has {got} of its {want} bytes")]
+    Truncated { path: String, got: u64, want: u64 },
+    #[error("digest mismatch: {path} is {actual}, the archive says {expected}")]
+    Digest {
+        path: String,
+        expected: String,
+        actual: String,
+    },
+    #[error("the archive lacks the {what} {digest}, and containerd does not have it either")]
+    Missing { what: String, digest: String },
+    #[error("wrong platform: {0}")]
+    Platform(String),
+    #[error("refused: {0}")]
+    Refused(String),
+    #[error("not enough space on the image filesystem {path}: {need} more bytes would leave less than the {reserve} bytes kept free ({free} free)")]
+    Space {
+        path: String,
+        need: u64,
+        free: u64,
+        reserve: u64,
+    },
+    #[error("the archive is larger than the {limit} bytes accepted (images.max_archive_bytes)")]
+    TooLarge { limit: u64 },
+    #[error("reading the archive: {0}")]
+    Input(#[source] std::io::Error),
+    #[error(transparent)]
+    Containerd(#[from] ContainerdError),
+    #[error("container runtime: {0}")]
+    Cri(#[from] crate::cri::CriError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Json(#[from] oci::JsonError),
+}
+
+impl ImageError {
+    /// The local API's status for this error.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            ImageError::Refused(_) => 403,
+            ImageError::TooLarge { .. } => 413,
+            ImageError::Space { .. } => 507,
+            ImageError::Containerd(_) | ImageError::Cri(_) => 503,
+            ImageError::Store(_) => 500,
+            _ => 400,
+        }
+    }
+}
+
+/// Options of one load.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Import images no cached revision names (the operator's explicit override).
+    pub force: bool,
+}
+
+/// The label on an import's lease: the node whose edgehub made it, so a restart removes its
+/// own leftovers and never another node's (tests share one containerd).
+const LEASE_LABEL: &str = "edgehub.io/import";
+/// A lease outlives a dead edgehub by this much at most (containerd's `gc.expire`).
+const LEASE_EXPIRY: Duration = Duration::from_secs(3600);
+
+/// Imports archives into containerd. One import runs at a time; others wait.
+pub struct Importer {
+    pub containerd: Containerd,
+    pub cri: CriClient,
+    pub store: Arc<Store>,
+    pub config: ImagesConfig,
+    pub node_name: String,
+    one: std::sync::Mutex<()>,
+}
+
+impl Importer {
+    pub fn new(
+        cri: CriClient,
+        store: Arc<Store>,
+        config: ImagesConfig,
+        node_name: &str,
+    ) -> Importer {
+        Importer {
+            containerd: Containerd::new(cri.socket()),
+            cri,
+            store,
+            config,
+            node_name: node_name.to_string(),
+            one: std::sync::Mutex::new(()),
+        }
+    }
+
+    /// Imports one archive read from `reader`. Blocking: call it on a blocking thread of the
+    /// runtime `rt`.
+    pub fn load_blocking(
+        &self,
+        rt: &tokio::runtime::Handle,
+        reader: impl Read,
+        opts: LoadOptions,
+    ) -> Result<Loaded, ImageError> {
+        // Poisoned only if an import panicked; the lock still only orders imports.
+        let _one = self.one.lock().unwrap_or_else(|p| p.into_inner());
+        let wanted = wanted_images(&self.store)?;
+        let mountpoint = rt.block_on(self.cri.image_fs_mountpoint())?;
+        let reserve = self.config.reserve_bytes;
+        let space = move |need: u64| -> Result<(), ImageError> {
+            let Some(m) = &mountpoint else { return Ok(()) };
+            match free_bytes(m) {
+                Some(free) if free < need.saturating_add(reserve) => Err(ImageError::Space {
+                    path: m.display().to_string(),
+                    need,
+                    free,
+                    reserve,
+                }),
+                _ => Ok(()),
+            }
+        };
+        let lease = format!(
+            "edgehub-import-{}-{:08x}",
+            crate::time::now_ms(),
+            fastrand::u32(..)
+        );
+        let mut labels = HashMap::new();
+        labels.insert(LEASE_LABEL.to_string(), self.node_name.clone());
+        rt.block_on(self.containerd.create_lease(&lease, LEASE_EXPIRY, labels))?;
+        let device = oci::device_platform();
+        let mut run = import::Run::new(rt, &self.containerd, &lease, &space);
+        let result = run
+            .walk(reader)
+            .and_then(|()| run.finish(&wanted, opts.force, &device));
+        let current = run.current.take();
+        match &result {
+            Ok(_) => {
+                // The images hold their content now.
+                if let Err(e) = rt.block_on(self.containerd.delete_lease(&lease, false)) {
+                    tracing::warn!(lease = %lease, error = %e, "cannot delete an import's lease; it expires by itself");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "image import failed; removing what it wrote");
+                self.discard(rt, &lease, current.as_deref());
+            }
+        }
+        result
+    }
+
+    /// Removes what a failed import wrote: its write in progress, then its lease, collected
+    /// at once.
+    fn discard(&self, rt: &tokio::runtime::Handle, lease: &str, current: Option<&str>) {
+        if let Some(r) = current {
+            if let Err(e) = rt.block_on(self.containerd.abort(r)) {
+                tracing::warn!(reference = %r, error = %e, "cannot abort an import's write");
+            }
+        }
+        if let Err(e) = rt.block_on(self.containerd.delete_lease(lease, true)) {
+            tracing::warn!(lease = %lease, error = %e, "cannot delete an import's lease; it expires by itself");
+        }
+    }
+
+    /// Removes the leftovers of imports a killed edgehub of this node left (at start).
+    pub async fn clean_leftovers(&self) -> Result<usize, ImageError> {
+        let filter = format!("labels.\"{LEASE_LABEL}\"=={}", self.node_name);
+        let leases = self.containerd.leases(&filter).await?;
+        let ingests = self.containerd.ingests().await?;
+        for l in &leases {
+            for r in ingests.iter().filter(|r| r.starts_with(&format!("{l}-"))) {
+                self.containerd.abort(r).await?;
+            }
+            self.containerd.delete_lease(l, true).await?;
+            tracing::info!(lease = %l, "removed what an interrupted image import left");
+        }
+        Ok(leases.len())
+    }
+
+    /// After a load: asks for a pre-pull of every pod whose needed revision's images are now
+    /// all on the node, so `PodImageReady` turns True (the pre-pull finds them and pulls
+    /// nothing).
+    pub async fn images_arrived(&self) -> Result<usize, ImageError> {
+        let mut asked = 0;
+        let pods = self.store.list_index(Kind::Pod)?;
+        for pod in pods {
+            let need = crate::need_upgrade::Decider::new(&self.store).decide(&pod)?;
+            let Some(target) = need.target().filter(|_| need.needed()) else {
+                continue;
+            };
+            let Some(images) = crate::upgrade::target_images(&self.store, &pod.uid, target)? else {
+                continue;
+            };
+            let mut all = true;
+            for img in images.values() {
+                if self.cri.image_status(img).await?.is_none() {
+                    all = false;
+                    break;
+                }
+            }
+            if !all {
+                continue;
+            }
+            let req = crate::store::NewRequest {
+                kind: crate::store::RequestKind::ImagePull,
+                pod_uid: &pod.uid,
+                namespace: &pod.namespace,
+                name: &pod.name,
+                from_hash: pod.revision_hash.as_deref(),
+                to_hash: target,
+            };
+            if let crate::store::Recorded::New(r) = self.store.record_request(&req)? {
+                tracing::info!(pod = %r.name, namespace = %r.namespace, revision = %r.to_hash,
+                    "the revision's images are all on the node after a side-load");
+                asked += 1;
+            }
+        }
+        Ok(asked)
+    }
+}
+
+/// Every image the cached DaemonSet revisions name, with the revision naming it.
+pub fn wanted_images(store: &Store) -> Result<Vec<Wanted>, StoreError> {
+    let mut out: BTreeMap<Reference, String> = BTreeMap::new();
+    for cr in store.list(Kind::ControllerRevision)? {
+        let Ok(rev) = Revision::from_raw(&cr.raw) else {
+            continue;
+        };
+        for list in ["containers", "initContainers"] {
+            for c in rev
+                .template
+                .pointer(&format!("/spec/{list}"))
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                if let Some(Ok(r)) = c.get("image").and_then(Value::as_str).map(Reference::parse) {
+                    out.entry(r)
+                        .or_insert_with(|| format!("{}/{}", cr.index.namespace, rev.name));
+                }
+            }
+        }
+    }
+    Ok(out
+        .into_iter()
+        .map(|(reference, revision)| Wanted {
+            reference,
+            revision,
+        })
+        .collect())
+}
+
+/// Bytes an unprivileged writer may still use on the filesystem holding `path`.
+pub fn free_bytes(path: &std::path::Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `c` is a valid NUL-terminated path and `st` a properly sized out-parameter;
+    // statvfs only writes into it, and it is read only when the call succeeded.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: initialized by the successful call above.
+    let st = unsafe { st.assume_init() };
+    // The field types differ between libc targets (u64 here, u32 on some 32-bit ones).
+    #[allow(clippy::unnecessary_cast)]
+    Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+}
