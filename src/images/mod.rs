@@ -15,6 +15,7 @@
 //! drop directory for OTA managers that only write files ([`drop`]).
 
 pub mod drop;
+pub mod gc;
 mod import;
 pub mod oci;
 pub mod policy;
