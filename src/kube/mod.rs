@@ -10,14 +10,16 @@ mod error;
 pub mod kubeconfig;
 pub mod resource;
 mod retry;
+mod stream;
 pub mod tls;
+mod verbs;
 pub mod watch;
 
-pub use client::{
-    ApiClient, ClientOptions, ClientSetupError, ListPage, ListParams, PatchType, WatchStream,
-};
+pub use client::{ApiClient, ClientOptions, ClientSetupError};
 pub use error::{KubeError, Request, Status};
 pub use kubeconfig::{Kubeconfig, KubeconfigError};
 pub use resource::Resource;
 pub use retry::delay_after;
+pub use stream::WatchStream;
+pub use verbs::{ListPage, ListParams, PatchType};
 pub use watch::WatchEvent;

@@ -1,4 +1,7 @@
+use super::object::significant;
 use super::*;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// The defaults config.rs resolves, with 32 pods and one extra label.

@@ -611,5 +611,5 @@ fn gone(inp: &Inputs<'_>, out: &mut Vec<Action>) {
 }
 
 #[cfg(test)]
-#[path = "decide_tests.rs"]
+#[path = "decide_tests/mod.rs"]
 mod tests;
