@@ -273,10 +273,19 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
     let token = listen::read_token(&config.api)?;
     let listeners = listen::bind(config.api_addr, &config.api).await?;
     let client = api_client(&config)?;
+    // Image garbage collection: after each commit and under disk pressure, which the Node
+    // reports while it lasts.
+    let (image_gc, image_pressure) = edgehub::images::ImageGc::new(
+        CriClient::new(&config.cri_socket),
+        store.clone(),
+        config.images.gc,
+    );
+    let image_gc_stats = image_gc.stats();
     let probe = Arc::new(node::HostProbe {
         data_dir: config.data_dir.clone(),
         apiserver: node::server_host_port(client.server()),
         cri: cri_health.clone(),
+        image_fs: Some(image_pressure),
     });
     let agent = node::NodeAgent::new(
         client.clone(),
@@ -373,6 +382,7 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
             }
         })
     };
+    let gc_task = tokio::spawn(image_gc.run(config.images.gc_interval, shutdown_rx.clone()));
     let state = Arc::new(api::ApiState {
         store: store.clone(),
         link: sync.link.clone(),
@@ -384,6 +394,7 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
         runtime: Some(CriClient::new(&config.cri_socket)),
         streams: Default::default(),
         images: Some(importer.clone()),
+        image_gc: Some(image_gc_stats),
     });
     let mut servers = Vec::new();
     for l in listeners {
@@ -407,6 +418,7 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
         let _ = s.await;
     }
     let _ = node_task.await;
+    let _ = gc_task.await;
     let _ = runtime_task.await;
     let _ = logs_task.await;
     let _ = engine_task.await;

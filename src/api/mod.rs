@@ -106,6 +106,9 @@ pub struct ApiState {
     pub streams: Streams,
     /// Image side-loads (`POST /v1/images/load`); `None` answers 503.
     pub images: Option<Arc<crate::images::Importer>>,
+    /// Image garbage collection's counters and the image filesystem's last reading, for
+    /// `/metrics`; `None` leaves them out.
+    pub image_gc: Option<Arc<crate::images::GcStats>>,
 }
 
 /// A response before it becomes HTTP.

@@ -225,6 +225,7 @@ fn the_host_probe_reads_this_machine() {
         data_dir: dir.path().to_path_buf(),
         apiserver: Some("127.0.0.1:6443".into()),
         cri,
+        image_fs: None,
     };
     let s = p.sample();
     assert!(s.cpus >= 1);
