@@ -348,6 +348,10 @@ pub fn named_images(store: &Store) -> Result<Vec<Named>, StoreError> {
             if let Some(prev) = prev {
                 push(&ns, prev, Role::Previous);
             }
+            let kept_from = prev.map_or(cur.number, |p| p.number);
+            for r in plain.iter().filter(|r| r.number < kept_from) {
+                push(&ns, r, Role::Old);
+            }
         }
         all.extend(revs);
     }

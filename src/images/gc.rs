@@ -1,11 +1,14 @@
 //! Image garbage collection, pure: which images on the node may go, and which go now.
 //!
-//! Two occasions, as the kubelet has them:
-//! - **after an upgrade commits**, every image goes that no container uses and that neither
-//!   the current (update) revision nor the previous revision of a cached DaemonSet names (the
-//!   previous one stays for a rollback, unless `keep_previous` is off);
-//! - **under disk pressure**, when the image filesystem is fuller than `high_percent`, unused
-//!   images go, oldest first, until it is down to `low_percent`: first the ones nothing names,
+//! Two occasions:
+//! - **after an upgrade commits**, every image goes that no container uses and that only an
+//!   older revision of a cached DaemonSet names: neither its current (update) revision nor
+//!   its previous one (kept for a rollback, unless `keep_previous` is off). An image no cached
+//!   revision names at all stays: it may be an OTA payload side-loaded ahead of the rollout
+//!   that will name it, or another agent's;
+//! - **under disk pressure**, as the kubelet's image manager: when the image filesystem is
+//!   fuller than `high_percent`, unused images go, oldest first, until it is down to
+//!   `low_percent`: first the ones only older revisions name, then the ones nothing names,
 //!   then the previous revisions'. The current revisions' (a pre-pulled or side-loaded target),
 //!   an active upgrade's (its target and its rollback) and the pinned ones (containerd pins the
 //!   sandbox image) never go, so a full flash cannot take the image a rollback needs.
@@ -55,6 +58,8 @@ pub struct NodeImage {
 /// Why an image a revision or an upgrade names is kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Role {
+    /// An older revision of a DaemonSet than its previous one: garbage once unused.
+    Old,
     /// The previous revision of a DaemonSet: kept after a commit (if configured), removable
     /// under pressure once nothing else is.
     Previous,
@@ -90,7 +95,9 @@ impl Fate {
     /// Whether removal after a commit takes it.
     pub fn removable_after_commit(&self, policy: &GcPolicy) -> bool {
         match self {
-            Fate::Unnamed => true,
+            Fate::Named {
+                role: Role::Old, ..
+            } => true,
             Fate::Named {
                 role: Role::Previous,
                 ..
@@ -102,11 +109,14 @@ impl Fate {
     /// The order removal under pressure takes images in (lower first); `None`: never.
     fn pressure_tier(&self) -> Option<u8> {
         match self {
-            Fate::Unnamed => Some(0),
+            Fate::Named {
+                role: Role::Old, ..
+            } => Some(0),
+            Fate::Unnamed => Some(1),
             Fate::Named {
                 role: Role::Previous,
                 ..
-            } => Some(1),
+            } => Some(2),
             _ => None,
         }
     }
@@ -177,12 +187,7 @@ pub fn after_commit(
     images
         .iter()
         .filter(|i| fate(i, in_use, named).removable_after_commit(policy))
-        .map(|i| {
-            removal(
-                i,
-                "no container uses it and no current or kept revision names it",
-            )
-        })
+        .map(|i| removal(i, "no container uses it and only older revisions name it"))
         .collect()
 }
 
@@ -211,7 +216,8 @@ pub fn under_pressure(fs: &FsUse, policy: &GcPolicy) -> bool {
 }
 
 /// What goes under pressure: nothing unless the filesystem is over the high threshold, then
-/// unused images in tier order (unnamed, then previous revisions'), oldest first, until the
+/// unused images in tier order (older revisions', unnamed, previous revisions'), oldest first,
+/// until the
 /// bytes freed bring it to the low threshold or nothing removable is left.
 pub fn under_pressure_removals(
     images: &[NodeImage],
@@ -240,10 +246,10 @@ pub fn under_pressure_removals(
         used = used.saturating_sub(u128::from(i.size));
         out.push(removal(
             i,
-            if tier == 0 {
-                "disk pressure: no container uses it and no revision names it"
-            } else {
-                "disk pressure: only a previous revision names it"
+            match tier {
+                0 => "disk pressure: only older revisions name it",
+                1 => "disk pressure: no container uses it and no cached revision names it",
+                _ => "disk pressure: only a previous revision names it",
             },
         ));
     }
@@ -277,7 +283,7 @@ mod tests {
     }
 
     #[test]
-    fn after_a_commit_only_the_current_and_previous_revisions_and_used_images_stay() {
+    fn after_a_commit_only_older_revisions_unused_images_go() {
         let images = vec![
             img("a", "docker.io/library/app:1", 10, 1),
             img("b", "docker.io/library/app:2", 10, 2),
@@ -292,10 +298,15 @@ mod tests {
         let named = vec![
             named("app:4", Role::Current),
             named("app:3", Role::Previous),
+            named("app:2", Role::Old),
+            named("app:1", Role::Old),
         ];
         let in_use = HashSet::from(["e".to_string()]);
         let p = GcPolicy::default();
         assert_eq!(ids(&after_commit(&images, &in_use, &named, &p)), ["a", "b"]);
+        // An image nothing names (a side-load ahead of its rollout) stays after a commit.
+        let side = vec![img("s", "docker.io/library/next:5", 10, 6)];
+        assert!(after_commit(&side, &in_use, &named, &p).is_empty());
         let no_keep = GcPolicy {
             keep_previous: false,
             ..p
@@ -341,22 +352,25 @@ mod tests {
     }
 
     #[test]
-    fn pressure_removes_unnamed_then_previous_oldest_first_down_to_the_low_threshold() {
+    fn pressure_removes_older_then_unnamed_then_previous_oldest_first_down_to_low() {
         let images = vec![
             img("new-unnamed", "docker.io/library/x:2", 100, 50),
             img("old-unnamed", "docker.io/library/x:1", 100, 10),
+            img("older-rev", "docker.io/library/app:0", 100, 70),
             img("prev", "docker.io/library/app:1", 100, 5),
             img("cur", "docker.io/library/app:2", 100, 60),
             img("up", "docker.io/library/app:3", 100, 1),
         ];
         let named = vec![
+            named("app:0", Role::Old),
             named("app:1", Role::Previous),
             named("app:2", Role::Current),
             named("app:3", Role::Upgrade),
         ];
         let p = GcPolicy::default();
         let none = HashSet::new();
-        // 90 % of 1000: 100 bytes to go to reach 80 %: the oldest unnamed one.
+        // 90 % of 1000: 100 bytes to go to reach 80 %: the older revision's image, though it
+        // is the youngest.
         let fs = FsUse {
             used_bytes: 900,
             capacity_bytes: 1000,
@@ -364,9 +378,9 @@ mod tests {
         assert!(under_pressure(&fs, &p));
         assert_eq!(
             ids(&under_pressure_removals(&images, &none, &named, &fs, &p)),
-            ["old-unnamed"]
+            ["older-rev"]
         );
-        // 99 %: 200 bytes bring it to 79 %, so the two unnamed ones go and the previous
+        // 99 %: 200 bytes bring it to 79 %: then the oldest unnamed one, and the previous
         // revision's stays.
         let full = FsUse {
             used_bytes: 990,
@@ -374,7 +388,7 @@ mod tests {
         };
         assert_eq!(
             ids(&under_pressure_removals(&images, &none, &named, &full, &p)),
-            ["old-unnamed", "new-unnamed"]
+            ["older-rev", "old-unnamed"]
         );
         // Down to 50 %: all it may take, and never the current or the upgrade's images.
         let low = GcPolicy {
@@ -385,7 +399,7 @@ mod tests {
             ids(&under_pressure_removals(
                 &images, &none, &named, &full, &low
             )),
-            ["old-unnamed", "new-unnamed", "prev"]
+            ["older-rev", "old-unnamed", "new-unnamed", "prev"]
         );
         // At the threshold: no pressure, nothing goes.
         let at = FsUse {
