@@ -90,9 +90,9 @@ enum Command {
         #[arg(long, allow_negative_numbers = true)]
         tail: Option<i64>,
     },
-    /// Side-loaded images (asks the local API).
-    #[command(subcommand)]
-    Images(ImagesCommand),
+    /// The node's images: size, the revisions that name them, what garbage collection would
+    /// do with them; `images load` side-loads one (asks the local API).
+    Images(ImagesArgs),
     /// Print the version.
     Version,
     /// Run the cloud-side controller: AdvancedRollingUpdate and OTA `PodNeedUpgrade` for
@@ -100,6 +100,12 @@ enum Command {
     /// ~/.kube/config or the in-cluster service account.
     #[cfg(feature = "controller")]
     Controller(ControllerArgs),
+}
+
+#[derive(clap::Args)]
+struct ImagesArgs {
+    #[command(subcommand)]
+    command: Option<ImagesCommand>,
 }
 
 #[derive(Subcommand)]
@@ -159,7 +165,10 @@ fn main() -> ExitCode {
         Command::Pods => pods(&cli),
         Command::Upgrade { pod, wait, timeout } => upgrade(&cli, pod, *wait, *timeout),
         Command::Status => status(&cli),
-        Command::Images(ImagesCommand::Load { file, force }) => images_load(&cli, file, *force),
+        Command::Images(ImagesArgs {
+            command: Some(ImagesCommand::Load { file, force }),
+        }) => images_load(&cli, file, *force),
+        Command::Images(ImagesArgs { command: None }) => images_list(&cli),
         Command::Logs {
             pod,
             container,
@@ -554,6 +563,18 @@ fn status(cli: &Cli) -> anyhow::Result<()> {
     print!(
         "{}",
         local::status_text(&a.body).map_err(anyhow::Error::msg)?
+    );
+    Ok(())
+}
+
+fn images_list(cli: &Cli) -> anyhow::Result<()> {
+    let a = local_client(cli)?.get("/v1/images")?;
+    if a.status != 200 {
+        anyhow::bail!("{} ({})", a.body.trim(), a.status);
+    }
+    print!(
+        "{}",
+        local::images_table(&a.body).map_err(anyhow::Error::msg)?
     );
     Ok(())
 }

@@ -160,6 +160,27 @@ async fn after_three_upgrades_only_the_current_and_previous_images_remain() {
         log.contains("removed an image") && log.contains("only older revisions name it"),
         "{log}"
     );
+    // `edgehub images` says which is which and what collection would do.
+    let out = n.cmd(&["images"]).output().unwrap();
+    let table = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{table}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row = |image: &str| {
+        table
+            .lines()
+            .find(|l| l.starts_with(&format!("{image} ")))
+            .unwrap_or_else(|| panic!("{image} in\n{table}"))
+            .to_string()
+    };
+    assert!(row(&images[3]).contains("in use"), "{table}");
+    let prev = row(&images[2]);
+    assert!(
+        prev.contains("previous") && prev.ends_with("under disk pressure"),
+        "{table}"
+    );
     let (_, metrics) = n.http("GET", "/metrics");
     let removed = metrics
         .lines()

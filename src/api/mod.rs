@@ -10,6 +10,7 @@
 
 pub mod guard;
 pub mod handlers;
+mod image_list;
 pub mod images;
 pub mod listen;
 pub mod logs;
@@ -183,6 +184,7 @@ fn dispatch(state: &ApiState, route: &Route, query: Option<&str>) -> Answer {
         }
         // Streamed by `handle` before any dispatch; never reached.
         Route::ImagesLoad => Reply::text(500, "Image loads are streamed"),
+        Route::Images => image_list::list(state),
         Route::Status => handlers::status(state),
         Route::Healthz => Reply::text(200, "ok"),
         Route::Readyz => handlers::readyz(state),

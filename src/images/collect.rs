@@ -30,9 +30,10 @@ pub enum GcError {
     Store(#[from] StoreError),
 }
 
-/// Counters and the last reading, for `/metrics`.
+/// Counters and the last reading, for `/metrics`, and the policy, for `GET /v1/images`.
 #[derive(Debug, Default)]
 pub struct GcStats {
+    pub policy: GcPolicy,
     pub images_removed: AtomicU64,
     pub bytes_removed: AtomicU64,
     pub remove_errors: AtomicU64,
@@ -82,7 +83,10 @@ impl ImageGc {
                 first_seen: HashMap::new(),
                 last_done: None,
                 pressure: tx,
-                stats: Arc::new(GcStats::default()),
+                stats: Arc::new(GcStats {
+                    policy,
+                    ..GcStats::default()
+                }),
             },
             rx,
         )
@@ -369,4 +373,59 @@ pub fn named_images(store: &Store) -> Result<Vec<Named>, StoreError> {
         }
     }
     Ok(out)
+}
+
+/// One image on the node, as `GET /v1/images` and `edgehub images` show it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Listed {
+    pub id: String,
+    pub names: Vec<String>,
+    pub size: u64,
+    /// `in use`, `pinned`, `upgrade`, `current`, `previous`, `older` or `unnamed`.
+    pub role: &'static str,
+    /// The revisions (`namespace/name`) that name it.
+    pub revisions: Vec<String>,
+    /// Whether collection after the next commit removes it.
+    pub removed_after_commit: bool,
+    /// Whether collection under disk pressure may remove it.
+    pub removable_under_pressure: bool,
+}
+
+/// Every image on the node with what collection would do with it.
+pub async fn list(
+    cri: CriClient,
+    store: Arc<Store>,
+    policy: &GcPolicy,
+) -> Result<Vec<Listed>, GcError> {
+    let (mut gc, _) = ImageGc::new(cri, store, *policy);
+    gc.listing().await.map(|all| {
+        all.into_iter()
+            .map(|(i, fate)| {
+                let (role, revisions) = match &fate {
+                    gc::Fate::InUse => ("in use", Vec::new()),
+                    gc::Fate::Pinned => ("pinned", Vec::new()),
+                    gc::Fate::Unnamed => ("unnamed", Vec::new()),
+                    gc::Fate::Named { role, by } => (
+                        match role {
+                            Role::Old => "older",
+                            Role::Previous => "previous",
+                            Role::Current => "current",
+                            Role::Upgrade => "upgrade",
+                        },
+                        by.clone(),
+                    ),
+                };
+                Listed {
+                    removed_after_commit: fate.removable_after_commit(policy),
+                    removable_under_pressure: fate.removable_under_pressure(),
+                    id: i.id,
+                    names: i.names,
+                    size: i.size,
+                    role,
+                    revisions,
+                }
+            })
+            .collect()
+    })
 }

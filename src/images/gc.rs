@@ -106,6 +106,11 @@ impl Fate {
         }
     }
 
+    /// Whether removal under pressure may take it.
+    pub fn removable_under_pressure(&self) -> bool {
+        self.pressure_tier().is_some()
+    }
+
     /// The order removal under pressure takes images in (lower first); `None`: never.
     fn pressure_tier(&self) -> Option<u8> {
         match self {

@@ -17,7 +17,7 @@
 mod collect;
 pub mod drop;
 pub mod gc;
-pub use collect::{fs_use, named_images, GcError, GcStats, ImageGc, PassReport};
+pub use collect::{fs_use, list, named_images, GcError, GcStats, ImageGc, Listed, PassReport};
 mod import;
 pub mod oci;
 pub mod policy;
