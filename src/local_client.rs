@@ -320,23 +320,88 @@ pub fn pods_table(body: &str) -> Result<String, String> {
             s(&p["status"]["phase"]),
         ]);
     }
-    let mut widths = [0usize; 5];
-    for r in &rows {
-        for (w, c) in widths.iter_mut().zip(r) {
-            *w = (*w).max(c.chars().count());
+    Ok(columns(&rows))
+}
+
+/// Rows as left-aligned columns two spaces apart, as kubectl prints tables.
+pub fn columns<R: AsRef<[String]>>(rows: &[R]) -> String {
+    let mut widths: Vec<usize> = Vec::new();
+    for r in rows {
+        for (i, c) in r.as_ref().iter().enumerate() {
+            if widths.len() <= i {
+                widths.push(0);
+            }
+            widths[i] = widths[i].max(c.chars().count());
         }
     }
     let mut out = String::new();
-    for r in &rows {
+    for r in rows {
         let line: Vec<String> = r
+            .as_ref()
             .iter()
-            .zip(widths)
-            .map(|(c, w)| format!("{c:<w$}"))
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}", w = *w))
             .collect();
         out.push_str(line.join("  ").trim_end());
         out.push('\n');
     }
-    Ok(out)
+    out
+}
+
+/// The `edgehub images` table from a `GET /v1/images` body.
+pub fn images_table(body: &str) -> Result<String, String> {
+    let v: Value =
+        serde_json::from_str(body).map_err(|e| format!("GET /v1/images is not JSON: {e}"))?;
+    let mut rows = vec![vec![
+        "IMAGE".to_string(),
+        "SIZE".into(),
+        "ROLE".into(),
+        "REVISIONS".into(),
+        "GC".into(),
+    ]];
+    for i in v["images"].as_array().into_iter().flatten() {
+        let names: Vec<&str> = i["names"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        // A tag reads better than a digest; the id when the image has neither.
+        let name = names
+            .iter()
+            .find(|n| !n.contains('@'))
+            .or(names.first())
+            .map(|n| n.to_string())
+            .unwrap_or_else(|| i["id"].as_str().unwrap_or("-").to_string());
+        let revisions: Vec<&str> = i["revisions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        let gc = if i["removedAfterCommit"] == true {
+            "after the next commit"
+        } else if i["removableUnderPressure"] == true {
+            "under disk pressure"
+        } else {
+            "never"
+        };
+        rows.push(vec![
+            name,
+            format!(
+                "{:.1} MiB",
+                i["size"].as_u64().unwrap_or(0) as f64 / 1048576.0
+            ),
+            i["role"].as_str().unwrap_or("-").to_string(),
+            if revisions.is_empty() {
+                "-".into()
+            } else {
+                revisions.join(",")
+            },
+            gc.to_string(),
+        ]);
+    }
+    Ok(columns(&rows))
 }
 
 /// The `edgehub status` text from a `GET /v1/status` body.
@@ -440,6 +505,31 @@ pub fn status_text(body: &str) -> Result<String, String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn images_table_prints_a_tag_the_role_and_what_gc_would_do() {
+        let body = r#"{"images":[
+            {"id":"sha256:a","names":["x/app@sha256:1","x/app:2"],"size":2097152,"role":"current",
+             "revisions":["ns/app-2"],"removedAfterCommit":false,"removableUnderPressure":false},
+            {"id":"sha256:b","names":[],"size":0,"role":"older","revisions":["ns/app-1"],
+             "removedAfterCommit":true,"removableUnderPressure":true}]}"#;
+        let t = images_table(body).unwrap();
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[0].starts_with("IMAGE"), "{t}");
+        assert!(
+            lines[1].starts_with("x/app:2 ") && lines[1].contains("2.0 MiB"),
+            "{t}"
+        );
+        assert!(
+            lines[1].contains("current") && lines[1].ends_with("never"),
+            "{t}"
+        );
+        assert!(
+            lines[2].starts_with("sha256:b") && lines[2].ends_with("after the next commit"),
+            "{t}"
+        );
+        assert!(images_table("not json").is_err());
+    }
+
     use super::*;
 
     #[test]

@@ -90,9 +90,9 @@ enum Command {
         #[arg(long, allow_negative_numbers = true)]
         tail: Option<i64>,
     },
-    /// Side-loaded images (asks the local API).
-    #[command(subcommand)]
-    Images(ImagesCommand),
+    /// The node's images: size, the revisions that name them, what garbage collection would
+    /// do with them; `images load` side-loads one (asks the local API).
+    Images(ImagesArgs),
     /// Print the version.
     Version,
     /// Run the cloud-side controller: AdvancedRollingUpdate and OTA `PodNeedUpgrade` for
@@ -100,6 +100,12 @@ enum Command {
     /// ~/.kube/config or the in-cluster service account.
     #[cfg(feature = "controller")]
     Controller(ControllerArgs),
+}
+
+#[derive(clap::Args)]
+struct ImagesArgs {
+    #[command(subcommand)]
+    command: Option<ImagesCommand>,
 }
 
 #[derive(Subcommand)]
@@ -164,7 +170,10 @@ fn main() -> ExitCode {
         Command::Pods => pods(&cli),
         Command::Upgrade { pod, wait, timeout } => upgrade(&cli, pod, *wait, *timeout),
         Command::Status => status(&cli),
-        Command::Images(ImagesCommand::Load { file, force }) => images_load(&cli, file, *force),
+        Command::Images(ImagesArgs {
+            command: Some(ImagesCommand::Load { file, force }),
+        }) => images_load(&cli, file, *force),
+        Command::Images(ImagesArgs { command: None }) => images_list(&cli),
         Command::Logs {
             pod,
             container,
@@ -334,10 +343,19 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
     let listeners = listen::bind(config.api_addr, &config.api).await?;
     let (client, identity) = node_client(&config)?;
     let identity_task = identity.map(|i| tokio::spawn(i.run(shutdown_rx.clone())));
+    // Image garbage collection: after each commit and under disk pressure, which the Node
+    // reports while it lasts.
+    let (image_gc, image_pressure) = edgehub::images::ImageGc::new(
+        CriClient::new(&config.cri_socket),
+        store.clone(),
+        config.images.gc,
+    );
+    let image_gc_stats = image_gc.stats();
     let probe = Arc::new(node::HostProbe {
         data_dir: config.data_dir.clone(),
         apiserver: node::server_host_port(client.server()),
         cri: cri_health.clone(),
+        image_fs: Some(image_pressure),
     });
     let agent = node::NodeAgent::new(
         client.clone(),
@@ -434,6 +452,7 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
             }
         })
     };
+    let gc_task = tokio::spawn(image_gc.run(config.images.gc_interval, shutdown_rx.clone()));
     let state = Arc::new(api::ApiState {
         store: store.clone(),
         link: sync.link.clone(),
@@ -445,6 +464,7 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
         runtime: Some(CriClient::new(&config.cri_socket)),
         streams: Default::default(),
         images: Some(importer.clone()),
+        image_gc: Some(image_gc_stats),
     });
     let mut servers = Vec::new();
     for l in listeners {
@@ -468,6 +488,7 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
         let _ = s.await;
     }
     let _ = node_task.await;
+    let _ = gc_task.await;
     let _ = runtime_task.await;
     let _ = logs_task.await;
     let _ = engine_task.await;
@@ -607,6 +628,18 @@ fn status(cli: &Cli) -> anyhow::Result<()> {
     print!(
         "{}",
         local::status_text(&a.body).map_err(anyhow::Error::msg)?
+    );
+    Ok(())
+}
+
+fn images_list(cli: &Cli) -> anyhow::Result<()> {
+    let a = local_client(cli)?.get("/v1/images")?;
+    if a.status != 200 {
+        anyhow::bail!("{} ({})", a.body.trim(), a.status);
+    }
+    print!(
+        "{}",
+        local::images_table(&a.body).map_err(anyhow::Error::msg)?
     );
     Ok(())
 }

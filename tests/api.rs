@@ -33,6 +33,7 @@ fn api_state(h: &Harness) -> ApiState {
         runtime: None,
         streams: Default::default(),
         images: None,
+        image_gc: None,
     }
 }
 

@@ -423,6 +423,44 @@ pub fn metrics(state: &ApiState) -> Reply {
         "1 when the apiserver is reachable.",
         &[(String::new(), online)],
     );
+    if let Some(gc) = &state.image_gc {
+        let g = |v: &std::sync::atomic::AtomicU64| vec![(String::new(), v.load(Ordering::Relaxed))];
+        family(
+            &mut out,
+            "edgehub_image_fs_used_bytes",
+            "gauge",
+            "Bytes used on the container runtime's image filesystem, at the last look.",
+            &g(&gc.fs_used_bytes),
+        );
+        family(
+            &mut out,
+            "edgehub_image_fs_capacity_bytes",
+            "gauge",
+            "Size of the container runtime's image filesystem.",
+            &g(&gc.fs_capacity_bytes),
+        );
+        family(
+            &mut out,
+            "edgehub_image_gc_removed_total",
+            "counter",
+            "Images removed by image garbage collection.",
+            &g(&gc.images_removed),
+        );
+        family(
+            &mut out,
+            "edgehub_image_gc_removed_bytes_total",
+            "counter",
+            "Bytes of the images garbage collection removed.",
+            &g(&gc.bytes_removed),
+        );
+        family(
+            &mut out,
+            "edgehub_image_gc_errors_total",
+            "counter",
+            "Image removals the runtime refused.",
+            &g(&gc.remove_errors),
+        );
+    }
     let per = |f: fn(&crate::sync::ReflectorStats) -> u64| -> Vec<(String, u64)> {
         state
             .sync_stats

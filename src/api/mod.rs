@@ -10,6 +10,7 @@
 
 pub mod guard;
 pub mod handlers;
+mod image_list;
 pub mod images;
 pub mod listen;
 pub mod logs;
@@ -106,6 +107,9 @@ pub struct ApiState {
     pub streams: Streams,
     /// Image side-loads (`POST /v1/images/load`); `None` answers 503.
     pub images: Option<Arc<crate::images::Importer>>,
+    /// Image garbage collection's counters and the image filesystem's last reading, for
+    /// `/metrics`; `None` leaves them out.
+    pub image_gc: Option<Arc<crate::images::GcStats>>,
 }
 
 /// A response before it becomes HTTP.
@@ -180,6 +184,7 @@ fn dispatch(state: &ApiState, route: &Route, query: Option<&str>) -> Answer {
         }
         // Streamed by `handle` before any dispatch; never reached.
         Route::ImagesLoad => Reply::text(500, "Image loads are streamed"),
+        Route::Images => image_list::list(state),
         Route::Status => handlers::status(state),
         Route::Healthz => Reply::text(200, "ok"),
         Route::Readyz => handlers::readyz(state),

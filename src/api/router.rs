@@ -29,6 +29,8 @@ pub enum Route {
     },
     /// `POST /v1/images/load`: an image archive streamed in the body (`crate::images`).
     ImagesLoad,
+    /// `GET /v1/images`: the node's images and what garbage collection would do with them.
+    Images,
     Status,
     Healthz,
     Readyz,
@@ -45,6 +47,7 @@ impl Route {
             Route::UpgradeStatus { .. } => "upgrade_status",
             Route::Logs { .. } => "logs",
             Route::ImagesLoad => "images_load",
+            Route::Images => "images",
             Route::Status => "status",
             Route::Healthz => "healthz",
             Route::Readyz => "readyz",
@@ -99,6 +102,7 @@ pub const ROUTES: &[(&str, &str, &[u16])] = &[
         "GET",
         &[200, 400, 401, 404, 429, 500],
     ),
+    ("/v1/images", "GET", &[200, 401, 500, 503]),
     (
         "/v1/images/load",
         "POST",
@@ -127,6 +131,7 @@ pub fn route(method: &str, path: &str) -> Result<Route, Reject> {
         ["pods"] => (Route::Pods, "GET"),
         ["v1", "status"] => (Route::Status, "GET"),
         ["v1", "images", "load"] => (Route::ImagesLoad, "POST"),
+        ["v1", "images"] => (Route::Images, "GET"),
         ["v1", "healthz"] => (Route::Healthz, "GET"),
         ["v1", "readyz"] => (Route::Readyz, "GET"),
         ["metrics"] => (Route::Metrics, "GET"),
@@ -193,6 +198,8 @@ mod tests {
         assert_eq!(route("GET", "/metrics"), Ok(Route::Metrics));
         assert_eq!(route("GET", "/v1/status"), Ok(Route::Status));
         assert_eq!(route("POST", "/v1/images/load"), Ok(Route::ImagesLoad));
+        assert_eq!(route("GET", "/v1/images"), Ok(Route::Images));
+        assert_eq!(route("POST", "/v1/images").unwrap_err().status, 405);
         assert_eq!(route("GET", "/v1/images/load").unwrap_err().status, 405);
         assert_eq!(
             route("GET", "/v1/namespaces/vehicle/pods/telemetry-sv74m/log"),

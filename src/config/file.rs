@@ -43,6 +43,10 @@ pub(super) struct FileImages {
     /// A path, or "none" for no drop directory.
     pub(super) drop_dir: Option<String>,
     pub(super) drop_interval_secs: Option<u64>,
+    pub(super) gc_keep_previous: Option<bool>,
+    pub(super) gc_high_percent: Option<u64>,
+    pub(super) gc_low_percent: Option<u64>,
+    pub(super) gc_interval_secs: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

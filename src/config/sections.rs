@@ -348,6 +348,39 @@ pub(super) fn images(
             images.drop_dir = Some(p);
         }
     }
+    if let Some(k) = im.gc_keep_previous {
+        images.gc.keep_previous = k;
+    }
+    images.gc.high_percent = between(
+        "images.gc_high_percent",
+        im.gc_high_percent,
+        u64::from(images.gc.high_percent),
+        1,
+        100,
+    )? as u8;
+    images.gc.low_percent = between(
+        "images.gc_low_percent",
+        im.gc_low_percent,
+        u64::from(images.gc.low_percent),
+        0,
+        100,
+    )? as u8;
+    if images.gc.low_percent >= images.gc.high_percent {
+        return Err(invalid(
+            "images.gc_low_percent",
+            format!(
+                "must be below images.gc_high_percent ({}), as the kubelet requires",
+                images.gc.high_percent
+            ),
+        ));
+    }
+    images.gc_interval = Duration::from_secs(between(
+        "images.gc_interval_secs",
+        im.gc_interval_secs,
+        images.gc_interval.as_secs(),
+        1,
+        86_400,
+    )?);
     Ok(images)
 }
 

@@ -480,3 +480,37 @@ fn the_node_name_can_come_from_a_firmware_file() {
         );
     }
 }
+
+#[test]
+fn image_gc_thresholds_are_read_and_checked() {
+    let d = resolve(None, &[], &Overrides::default()).unwrap();
+    assert_eq!(d.images.gc, crate::images::gc::GcPolicy::default());
+    assert_eq!(d.images.gc_interval, Duration::from_secs(60));
+    let c = resolve(
+        Some("[images]\ngc_keep_previous = false\ngc_high_percent = 90\ngc_low_percent = 70\ngc_interval_secs = 5\n"),
+        &[],
+        &Overrides::default(),
+    )
+    .unwrap();
+    assert!(!c.images.gc.keep_previous);
+    assert_eq!(
+        (c.images.gc.high_percent, c.images.gc.low_percent),
+        (90, 70)
+    );
+    assert_eq!(c.images.gc_interval, Duration::from_secs(5));
+    for bad in [
+        "gc_high_percent = 101",
+        "gc_high_percent = 0",
+        "gc_low_percent = 85",
+        "gc_high_percent = 70\ngc_low_percent = 75",
+        "gc_interval_secs = 0",
+    ] {
+        let e = resolve(
+            Some(&format!("[images]\n{bad}\n")),
+            &[],
+            &Overrides::default(),
+        )
+        .unwrap_err();
+        assert!(field_of(e).starts_with("images.gc_"), "{bad}");
+    }
+}

@@ -14,8 +14,11 @@
 //! The surfaces: `POST /v1/images/load` of the local API (`edgehub images load FILE|-`), and a
 //! drop directory for OTA managers that only write files ([`drop`]).
 
+mod collect;
 pub mod drop;
 mod entry;
+pub mod gc;
+pub use collect::{fs_use, list, named_images, GcError, GcStats, ImageGc, Listed, PassReport};
 mod import;
 pub mod oci;
 pub mod policy;
@@ -48,6 +51,11 @@ pub struct ImagesConfig {
     pub drop_dir: Option<PathBuf>,
     /// How often the drop directory is looked at.
     pub drop_interval: Duration,
+    /// Image garbage collection's thresholds and what it keeps ([`gc`]).
+    pub gc: gc::GcPolicy,
+    /// How often image garbage collection looks at the image filesystem, besides after each
+    /// commit.
+    pub gc_interval: Duration,
 }
 
 impl ImagesConfig {
@@ -58,6 +66,9 @@ impl ImagesConfig {
             reserve_bytes: 64 << 20,
             drop_dir: Some(data_dir.join("images")),
             drop_interval: Duration::from_secs(2),
+            gc: gc::GcPolicy::default(),
+            // The kubelet's image manager looks every 5 minutes; a small flash fills faster.
+            gc_interval: Duration::from_secs(60),
         }
     }
 }

@@ -24,6 +24,9 @@ pub struct HostProbe {
     pub apiserver: Option<String>,
     /// The container runtime's health, for nodeInfo and the Ready condition.
     pub cri: watch::Receiver<crate::cri::CriHealth>,
+    /// Why the image filesystem is under disk pressure, from image garbage collection
+    /// (`None` inside: it is not); `None`: nothing watches it.
+    pub image_fs: Option<watch::Receiver<Option<String>>>,
 }
 
 fn read_trim(path: &str) -> String {
@@ -127,6 +130,7 @@ impl NodeProbe for HostProbe {
             system_uuid: read_trim("/sys/class/dmi/id/product_uuid"),
             container_runtime_version: self.cri.borrow().version().map(str::to_string),
             runtime_problem: self.cri.borrow().problem(),
+            image_fs_pressure: self.image_fs.as_ref().and_then(|r| r.borrow().clone()),
         }
     }
 }

@@ -57,6 +57,9 @@ pub struct NodeSample {
     pub container_runtime_version: Option<String>,
     /// Why the container runtime cannot be used; the Node is then not Ready.
     pub runtime_problem: Option<String>,
+    /// Why the image filesystem is under disk pressure (over image garbage collection's high
+    /// threshold with nothing left it may remove); the Node then reports `DiskPressure`.
+    pub image_fs_pressure: Option<String>,
 }
 
 /// A source of samples.

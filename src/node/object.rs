@@ -90,18 +90,18 @@ pub fn conditions(s: &NodeSample, cfg: &NodeConfig, prev: Option<&Value>, now: &
         },
         Cond {
             kind: "DiskPressure",
-            status: disk_low,
-            reason: if disk_low {
+            status: disk_low || s.image_fs_pressure.is_some(),
+            reason: if disk_low || s.image_fs_pressure.is_some() {
                 "NodeHasDiskPressure"
             } else {
                 "NodeHasNoDiskPressure"
             },
-            message: match (s.disk_free_percent, disk_low) {
-                (None, _) => "free space unknown",
-                (Some(_), true) => "edgehub has disk pressure",
-                (Some(_), false) => "edgehub has no disk pressure",
-            }
-            .into(),
+            message: match (&s.image_fs_pressure, s.disk_free_percent, disk_low) {
+                (Some(why), _, _) => format!("edgehub has disk pressure: {why}"),
+                (None, None, _) => "free space unknown".into(),
+                (None, Some(_), true) => "edgehub has disk pressure".into(),
+                (None, Some(_), false) => "edgehub has no disk pressure".into(),
+            },
         },
         Cond {
             kind: "PIDPressure",

@@ -225,6 +225,7 @@ fn the_host_probe_reads_this_machine() {
         data_dir: dir.path().to_path_buf(),
         apiserver: Some("127.0.0.1:6443".into()),
         cri,
+        image_fs: None,
     };
     let s = p.sample();
     assert!(s.cpus >= 1);
@@ -256,4 +257,21 @@ fn a_down_runtime_makes_the_node_not_ready() {
         .as_str()
         .unwrap()
         .contains("containerd.sock"));
+}
+
+#[test]
+fn a_full_image_filesystem_is_disk_pressure_with_its_reason() {
+    let c = cfg();
+    let t0 = "2026-11-29T18:00:00Z";
+    let mut full = sample();
+    full.image_fs_pressure = Some("the image filesystem is 97 % full".into());
+    let st = status(&full, &c, "edge-1", None, t0);
+    let d = cond(&st, "DiskPressure");
+    assert_eq!(d["status"], "True");
+    assert_eq!(d["reason"], "NodeHasDiskPressure");
+    assert!(d["message"].as_str().unwrap().contains("97 % full"), "{d}");
+    // It clears when the collector says so.
+    full.image_fs_pressure = None;
+    let st2 = status(&full, &c, "edge-1", st.get("conditions"), t0);
+    assert_eq!(cond(&st2, "DiskPressure")["status"], "False");
 }

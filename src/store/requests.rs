@@ -314,6 +314,16 @@ pub fn set_state(
 }
 
 impl super::Store {
+    /// The id of the newest request of `kind` that ended `Done`; image garbage collection
+    /// runs after each new one.
+    pub fn last_done_request(&self, kind: RequestKind) -> Result<Option<i64>, StoreError> {
+        Ok(self.conn().query_row(
+            "SELECT max(id) FROM requests WHERE kind = ?1 AND state = 'Done'",
+            rusqlite::params![kind.as_str()],
+            |r| r.get(0),
+        )?)
+    }
+
     /// Records an upgrade or image-pull request in state `Requested`, unless one of the same
     /// kind is still active for that pod (then nothing is written).
     /// Records a request; a new one wakes the readers (the upgrade engine starts it at once).
