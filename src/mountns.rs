@@ -209,3 +209,41 @@ pub fn import(pid: u32, path: &Path) -> std::io::Result<()> {
     let tree = in_namespace_of(pid, move || clone_tree(&source))?;
     attach(&tree, &target)
 }
+
+/// A filesystem's size and free space, as `statvfs(3)` reports them, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FsStats {
+    pub total_bytes: u64,
+    /// Free to root.
+    pub free_bytes: u64,
+    /// Free to an unprivileged writer (root's reserve excluded).
+    pub available_bytes: u64,
+}
+
+/// The filesystem holding `path`; `None` when it cannot be read.
+pub fn fs_stats(path: &Path) -> Option<FsStats> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `c` is a valid NUL-terminated path and `st` a properly sized out-parameter;
+    // statvfs only writes into it, and it is read only when the call succeeded.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: initialized by the successful call above.
+    let st = unsafe { st.assume_init() };
+    // The field types differ between libc targets (u64 here, u32 on some 32-bit ones).
+    #[allow(clippy::unnecessary_cast)]
+    let (blocks, free, avail, frsize) = (
+        st.f_blocks as u64,
+        st.f_bfree as u64,
+        st.f_bavail as u64,
+        st.f_frsize as u64,
+    );
+    Some(FsStats {
+        total_bytes: blocks.saturating_mul(frsize),
+        free_bytes: free.saturating_mul(frsize),
+        available_bytes: avail.saturating_mul(frsize),
+    })
+}

@@ -279,23 +279,9 @@ impl ImageGc {
 /// The filesystem at `mountpoint`: used and total bytes, as `df` counts them (the kubelet's
 /// image filesystem reading, from cAdvisor, is the same).
 pub fn fs_use(mountpoint: &Path) -> Option<FsUse> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()).ok()?;
-    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
-    // SAFETY: `c` is a valid NUL-terminated path and `st` a properly sized out-parameter;
-    // statvfs only writes into it, and it is read only when the call succeeded.
-    let rc = unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) };
-    if rc != 0 {
-        return None;
-    }
-    // SAFETY: initialized by the successful call above.
-    let st = unsafe { st.assume_init() };
-    // The field types differ between libc targets (u64 here, u32 on some 32-bit ones).
-    #[allow(clippy::unnecessary_cast)]
-    let (blocks, free, frsize) = (st.f_blocks as u64, st.f_bfree as u64, st.f_frsize as u64);
-    Some(FsUse {
-        used_bytes: blocks.saturating_sub(free).saturating_mul(frsize),
-        capacity_bytes: blocks.saturating_mul(frsize),
+    crate::mountns::fs_stats(mountpoint).map(|s| FsUse {
+        used_bytes: s.total_bytes.saturating_sub(s.free_bytes),
+        capacity_bytes: s.total_bytes,
     })
 }
 

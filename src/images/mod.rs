@@ -323,18 +323,5 @@ pub fn wanted_images(store: &Store) -> Result<Vec<Wanted>, StoreError> {
 
 /// Bytes an unprivileged writer may still use on the filesystem holding `path`.
 pub fn free_bytes(path: &std::path::Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
-    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
-    // SAFETY: `c` is a valid NUL-terminated path and `st` a properly sized out-parameter;
-    // statvfs only writes into it, and it is read only when the call succeeded.
-    let rc = unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) };
-    if rc != 0 {
-        return None;
-    }
-    // SAFETY: initialized by the successful call above.
-    let st = unsafe { st.assume_init() };
-    // The field types differ between libc targets (u64 here, u32 on some 32-bit ones).
-    #[allow(clippy::unnecessary_cast)]
-    Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+    crate::mountns::fs_stats(path).map(|s| s.available_bytes)
 }

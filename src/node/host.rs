@@ -62,21 +62,8 @@ pub fn parse_os_release(text: &str) -> String {
 }
 
 fn disk_free_percent(path: &std::path::Path) -> Option<u8> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
-    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
-    // SAFETY: `c` is a valid NUL-terminated path and `st` is a properly sized out-parameter;
-    // statvfs only writes into it, and we read it only when the call succeeded.
-    let rc = unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) };
-    if rc != 0 {
-        return None;
-    }
-    // SAFETY: statvfs returned 0, so it initialized the struct.
-    let st = unsafe { st.assume_init() };
-    if st.f_blocks == 0 {
-        return None;
-    }
-    Some(((st.f_bavail as u128 * 100) / st.f_blocks as u128).min(100) as u8)
+    let st = crate::mountns::fs_stats(path).filter(|s| s.total_bytes > 0)?;
+    Some(((u128::from(st.available_bytes) * 100) / u128::from(st.total_bytes)).min(100) as u8)
 }
 
 /// The local address that routes to `target` (`host:port`): the node's InternalIP.
