@@ -32,7 +32,7 @@ echo
 printf '%-28s %10s  %s\n' target bytes file
 status=0
 for t in $targets; do
-    bin=target/$t/release/edgehub
+    bin=${CARGO_TARGET_DIR:-target}/$t/release/edgehub
     desc=$(file -b "$bin")
     size=$(stat -c %s "$bin")
     printf '%-28s %10d  %s\n' "$t" "$size" "${desc%%,*}, ${desc#*, }" | cut -c1-160

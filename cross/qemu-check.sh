@@ -19,7 +19,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 log() { printf '==> %s\n' "$*"; }
 t=aarch64-unknown-linux-musl
-bin=target/$t/release/edgehub
+# Cargo puts its output under CARGO_TARGET_DIR when that is set, not under target/.
+td=${CARGO_TARGET_DIR:-target}
+bin=$td/$t/release/edgehub
 qemu=qemu-aarch64-static
 phase=${1:-all}
 case "$phase" in all | build | run) ;; *) echo "usage: $0 [all|build|run]" >&2; exit 2 ;; esac
@@ -71,7 +73,7 @@ log "test apiserver (native) for a kubeconfig"
 cargo build --locked --quiet -p edgehub -p edgehub-testsupport --bin edgehub --bin fake-apiserver \
     ${EDGEHUB_CARGO_FEATURES:+--features "$EDGEHUB_CARGO_FEATURES"}
 apiport=$(free_port)
-target/debug/fake-apiserver --listen "127.0.0.1:$apiport" --kubeconfig-dir "$work/kube" >"$work/apiserver.log" 2>&1 &
+"$td"/debug/fake-apiserver --listen "127.0.0.1:$apiport" --kubeconfig-dir "$work/kube" >"$work/apiserver.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do [ -f "$work/kube/kubeconfig" ] && break; sleep 0.1; done
 
