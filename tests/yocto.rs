@@ -365,10 +365,26 @@ fn the_unit_and_config_come_from_the_layer() {
         "README.md",
         "deploy/rbac.yaml",
         "deploy/kubeconfig.template.yaml",
-        "docs/identity.md",
     ] {
         assert!(bb.contains(&format!("${{S}}/{doc}")), "installs {doc}");
         assert!(repo(doc).is_file(), "{doc} exists");
+    }
+    // Every page the installed README links to under docs/ is installed beside it, at the
+    // same relative path.
+    assert!(bb.contains(
+        "install -m 0644 ${S}/docs/*.md ${S}/docs/openapi.yaml ${D}${docdir}/edgehub/docs/"
+    ));
+    let readme = read("README.md");
+    for link in readme.split("](docs/").skip(1) {
+        let target = link.split([')', '#']).next().unwrap_or_default();
+        assert!(
+            target.ends_with(".md") || target == "openapi.yaml",
+            "README links docs/{target}, which the recipe does not install"
+        );
+        assert!(
+            repo(&format!("docs/{target}")).is_file(),
+            "docs/{target} exists"
+        );
     }
     assert!(bb.contains("inherit cargo cargo-update-recipe-crates systemd"));
     assert!(bb.contains("SYSTEMD_SERVICE:${PN} = \"edgehub.service\""));

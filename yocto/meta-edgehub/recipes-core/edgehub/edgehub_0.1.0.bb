@@ -61,7 +61,10 @@ do_install:append() {
     install -d ${D}${systemd_system_unitdir}
     install -m 0644 ${UNPACKDIR}/edgehub.service ${D}${systemd_system_unitdir}/edgehub.service
     install -d ${D}${docdir}/edgehub
-    install -m 0644 ${S}/README.md ${S}/deploy/rbac.yaml ${S}/deploy/kubeconfig.template.yaml ${S}/docs/identity.md ${D}${docdir}/edgehub/
+    install -m 0644 ${S}/README.md ${S}/deploy/rbac.yaml ${S}/deploy/kubeconfig.template.yaml ${D}${docdir}/edgehub/
+    # The README links into docs/, so the pages keep that path beside it.
+    install -d ${D}${docdir}/edgehub/docs
+    install -m 0644 ${S}/docs/*.md ${S}/docs/openapi.yaml ${D}${docdir}/edgehub/docs/
 }
 
 SYSTEMD_SERVICE:${PN} = "edgehub.service"
