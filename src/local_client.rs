@@ -85,13 +85,22 @@ impl LocalClient {
         self.call("POST", path)
     }
 
+    /// PUTs `body` (`edgehub bootstrap`: the bootstrap token).
+    pub fn put(&self, path: &str, body: &[u8]) -> Result<Answer, ClientError> {
+        self.call_with("PUT", path, Bytes::copy_from_slice(body))
+    }
+
     fn call(&self, method: &str, path: &str) -> Result<Answer, ClientError> {
+        self.call_with(method, path, Bytes::new())
+    }
+
+    fn call_with(&self, method: &str, path: &str, body: Bytes) -> Result<Answer, ClientError> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(|e| self.http(format!("cannot start a runtime: {e}")))?;
         rt.block_on(async {
-            match tokio::time::timeout(self.timeout, self.call_async(method, path)).await {
+            match tokio::time::timeout(self.timeout, self.call_async(method, path, body)).await {
                 Ok(r) => r,
                 Err(_) => Err(self.http(format!("no answer within {:?}", self.timeout))),
             }
@@ -105,8 +114,13 @@ impl LocalClient {
         }
     }
 
-    async fn call_async(&self, method: &str, path: &str) -> Result<Answer, ClientError> {
-        let resp = self.send(method, path).await?;
+    async fn call_async(
+        &self,
+        method: &str,
+        path: &str,
+        body: Bytes,
+    ) -> Result<Answer, ClientError> {
+        let resp = self.send(method, path, body).await?;
         self.whole(resp).await
     }
 
@@ -124,11 +138,12 @@ impl LocalClient {
         })
     }
 
-    /// Connects, sends a request without a body and returns the response head.
+    /// Connects, sends a request with `body` (often none) and returns the response head.
     async fn send(
         &self,
         method: &str,
         path: &str,
+        body: Bytes,
     ) -> Result<hyper::Response<Incoming>, ClientError> {
         let connect = |e: std::io::Error| ClientError::Connect {
             addr: self.target.clone(),
@@ -153,7 +168,7 @@ impl LocalClient {
             req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {t}"));
         }
         let req = req
-            .body(Full::new(Bytes::new()))
+            .body(Full::new(body))
             .map_err(|e| self.http(e.to_string()))?;
         send.send_request(req)
             .await
@@ -190,7 +205,7 @@ impl LocalClient {
             .build()
             .map_err(|e| self.http(format!("cannot start a runtime: {e}")))?;
         rt.block_on(async {
-            let resp = tokio::time::timeout(self.timeout, self.send("GET", path))
+            let resp = tokio::time::timeout(self.timeout, self.send("GET", path, Bytes::new()))
                 .await
                 .map_err(|_| self.http(format!("no answer within {:?}", self.timeout)))??;
             if resp.status() != hyper::StatusCode::OK {

@@ -34,6 +34,7 @@ fn api_state(h: &Harness) -> ApiState {
         streams: Default::default(),
         images: None,
         image_gc: None,
+        identity: None,
     }
 }
 
