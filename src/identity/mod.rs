@@ -286,12 +286,29 @@ impl Identity {
                     }
                 }
             };
-            self.publish();
-            tokio::select! {
-                _ = tokio::time::sleep(wait) => {}
-                // A token handed over: bootstrap now, not at the end of the backoff.
-                _ = handover.woken() => failures = 0,
-                _ = shutdown.changed() => {}
+            // Waits in slices of at most a second, so the status stays current (a certificate
+            // that expires during a long backoff is shown as expired when it does).
+            let until = tokio::time::Instant::now() + wait;
+            loop {
+                let slice = until
+                    .saturating_duration_since(tokio::time::Instant::now())
+                    .min(Duration::from_secs(1));
+                tokio::select! {
+                    _ = tokio::time::sleep(slice) => {}
+                    // A token handed over: bootstrap now, not at the end of the backoff.
+                    _ = handover.woken() => {
+                        failures = 0;
+                        break;
+                    }
+                    _ = shutdown.changed() => break,
+                }
+                if self.client.credential_state().unauthorized > 0 && self.current.is_some() {
+                    self.cert_refused_since.get_or_insert_with(unix_now);
+                }
+                self.publish();
+                if tokio::time::Instant::now() >= until {
+                    break;
+                }
             }
         }
     }
