@@ -404,4 +404,30 @@ mod tests {
         assert!(t.contains("2 pods, 2 DaemonSets, 3 ControllerRevisions, 1 nodes"));
         assert!(t.contains("upgrade vehicle/p a -> b [Requested] (request 1)"));
     }
+
+    #[test]
+    fn status_text_says_which_credential_lapsed_when() {
+        let body = r#"{"node":"edge-1","link":{"state":"TlsFailed","reason":"unknown CA"},
+            "cache":{"pods":0,"daemonSets":0,"controllerRevisions":0,"nodes":0},
+            "identity":{"inUse":"nodeCertificate","nodeCertificate":{"subject":"system:node:edge-1",
+              "notBefore":"2026-01-01T00:00:00Z","notAfter":"2026-02-01T00:00:00Z"},
+              "bootstrap":{"source":"kubeconfig","state":"refused"},"waitingForClock":false,
+              "lapsed":[{"credential":"nodeCertificate","reason":"expired","since":"2026-02-01T00:00:00Z"},
+                {"credential":"bootstrap","reason":"bootstrap token refused by the apiserver (401): expired or unknown","since":"2026-06-01T10:00:00Z"}]},
+            "activeRequests":[]}"#;
+        let t = status_text(body).unwrap();
+        assert!(t.contains("link:   TlsFailed (unknown CA)"), "{t}");
+        assert!(t.contains("identity: node certificate system:node:edge-1 (valid 2026-01-01T00:00:00Z to 2026-02-01T00:00:00Z); bootstrap credential: refused (kubeconfig)"), "{t}");
+        assert!(
+            t.contains("lapsed: node certificate expired since 2026-02-01T00:00:00Z\n"),
+            "{t}"
+        );
+        assert!(t.contains("lapsed: bootstrap credential bootstrap token refused by the apiserver (401): expired or unknown since 2026-06-01T10:00:00Z\n"), "{t}");
+        assert!(t.contains("edgehub bootstrap --token-file FILE"), "{t}");
+        // Without identity management: no identity lines.
+        let plain =
+            status_text(r#"{"node":"n","link":{"state":"Online"},"cache":{},"identity":null}"#)
+                .unwrap();
+        assert!(!plain.contains("identity:"), "{plain}");
+    }
 }
