@@ -536,3 +536,62 @@ async fn a_clock_behind_not_before_keeps_the_certificate_and_waits_for_time() {
     assert!(body.contains(r#""reason":"CredentialsValid""#), "{body}");
     n.clean().await;
 }
+
+/// An image whose bootstrap kubeconfig names the handover file as its tokenFile, and a device
+/// that has not been handed a token yet: the status says the bootstrap credential is missing,
+/// the sealed file is never sent as a token, and the handover brings the node up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_file_that_is_the_handover_file_waits_for_the_handover() {
+    let token = BootstrapToken::new("field1", "0123456789abcdef");
+    let mut n = identity_node("idfield", &token, None).await;
+    let file = edgehub::identity::handover::token_path(&n.dir.path().join("data"));
+    let boot = n.dir.path().join("boot/kubeconfig");
+    let text = std::fs::read_to_string(&boot).unwrap();
+    std::fs::write(
+        &boot,
+        text.replace(
+            &format!("token: {}", token.bearer()),
+            &format!("tokenFile: {}", file.display()),
+        ),
+    )
+    .unwrap();
+    let key = n.dir.path().join("seal.key");
+    std::fs::write(&key, [9u8; 32]).unwrap();
+    n.edit_config(|s| format!("{s}[seal]\nkey_file = \"{}\"\n", key.display()));
+    n.start();
+    n.wait_for(30, "the bootstrap credential missing", |n| async move {
+        let id = identity(n);
+        id["inUse"] == "none"
+            && id["bootstrap"]["state"] == "missing"
+            && id["lapsed"][0]["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("no bootstrap token was handed over"))
+    })
+    .await;
+    let (code, body) = n.http("GET", "/v1/node");
+    assert_eq!(code, 200, "{body}");
+    let node: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(node["metadata"]["name"], n.name.as_str());
+    assert_eq!(
+        node["status"]["conditions"][0]["reason"],
+        "CredentialLapsed"
+    );
+    assert!(n.server.csrs().is_empty());
+
+    let (code, body) = http_body(&n, "PUT", "/v1/bootstrap-token", &token.bearer());
+    assert_eq!(code, 202, "{body}");
+    node_certificate(&n).await;
+    pod_runs(&n).await;
+    assert_eq!(csrs_by(&n.server, "system:bootstrap:field1"), 1);
+    assert_eq!(identity(&n)["bootstrap"]["source"], "handedOver");
+    // The sealed bytes never went out as a bearer token.
+    let refused: Vec<_> = n
+        .server
+        .requests()
+        .into_iter()
+        .filter(|r| r.status == 401)
+        .collect();
+    assert!(refused.is_empty(), "{refused:?}");
+    assert!(!String::from_utf8_lossy(&std::fs::read(&file).unwrap()).contains(&token.secret));
+    n.clean().await;
+}
