@@ -14,6 +14,10 @@
 //! the pods, the local API and upgrades carry on. A credential whose notBefore is ahead of the
 //! device clock (a vehicle that booted at 1970) is kept, and used: the apiserver judges it by
 //! its own clock.
+//!
+//! What lapsed, and when, is kept current in [`status::IdentityStatus`] for the status
+//! surfaces; a bootstrap token handed over locally ([`handover`]) wakes the task and is the
+//! first candidate of the next bootstrap round.
 
 pub mod cert;
 pub mod check;
