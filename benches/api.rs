@@ -120,6 +120,7 @@ async fn bench(server: &tokio::runtime::Handle, n: usize, samples: usize) {
         streams: Default::default(),
         images: None,
         image_gc: None,
+        identity: None,
     });
     let tcp = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     tcp.set_nonblocking(true).expect("nonblocking");

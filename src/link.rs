@@ -14,6 +14,12 @@ pub enum LinkState {
     Offline {
         reason: String,
     },
+    /// The apiserver was reached but the TLS handshake failed (an unknown CA, a client
+    /// certificate refused, a server that does not speak TLS): `reason` names what failed.
+    /// Replaced by the next failure's reason, cleared by the next request that succeeds.
+    TlsFailed {
+        reason: String,
+    },
 }
 
 /// The writing side of the link state, shared by the reflectors (and anything else that
@@ -36,12 +42,16 @@ impl LinkReporter {
             // Said once per transition: while the link stays down, the reason may change with
             // each reflector's retry, and the log would repeat it several times a second.
             let was_down = matches!(cur, LinkState::Offline { .. });
+            let was_tls = matches!(cur, LinkState::TlsFailed { .. });
             match &state {
                 LinkState::Online => tracing::info!("apiserver link is up"),
                 LinkState::Offline { reason } if !was_down => {
                     tracing::warn!(%reason, "apiserver link is down")
                 }
-                LinkState::Offline { .. } | LinkState::Unknown => {}
+                LinkState::TlsFailed { reason } if !was_tls => {
+                    tracing::warn!(%reason, "TLS with the apiserver failed")
+                }
+                LinkState::Offline { .. } | LinkState::TlsFailed { .. } | LinkState::Unknown => {}
             }
             *cur = state;
             true
@@ -54,5 +64,36 @@ impl LinkReporter {
 
     pub fn offline(&self, reason: String) {
         self.set(LinkState::Offline { reason });
+    }
+
+    /// The last TLS failure; a different reason replaces it.
+    pub fn tls_failed(&self, reason: String) {
+        self.set(LinkState::TlsFailed { reason });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tls_failure_is_kept_current_and_cleared() {
+        let (r, rx) = LinkReporter::new();
+        r.tls_failed("unknown CA".into());
+        assert_eq!(
+            *rx.borrow(),
+            LinkState::TlsFailed {
+                reason: "unknown CA".into()
+            }
+        );
+        r.tls_failed("does not speak TLS".into());
+        assert_eq!(
+            *rx.borrow(),
+            LinkState::TlsFailed {
+                reason: "does not speak TLS".into()
+            }
+        );
+        r.online();
+        assert_eq!(*rx.borrow(), LinkState::Online);
     }
 }

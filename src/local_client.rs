@@ -85,13 +85,22 @@ impl LocalClient {
         self.call("POST", path)
     }
 
+    /// PUTs `body` (`edgehub bootstrap`: the bootstrap token).
+    pub fn put(&self, path: &str, body: &[u8]) -> Result<Answer, ClientError> {
+        self.call_with("PUT", path, Bytes::copy_from_slice(body))
+    }
+
     fn call(&self, method: &str, path: &str) -> Result<Answer, ClientError> {
+        self.call_with(method, path, Bytes::new())
+    }
+
+    fn call_with(&self, method: &str, path: &str, body: Bytes) -> Result<Answer, ClientError> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(|e| self.http(format!("cannot start a runtime: {e}")))?;
         rt.block_on(async {
-            match tokio::time::timeout(self.timeout, self.call_async(method, path)).await {
+            match tokio::time::timeout(self.timeout, self.call_async(method, path, body)).await {
                 Ok(r) => r,
                 Err(_) => Err(self.http(format!("no answer within {:?}", self.timeout))),
             }
@@ -105,8 +114,13 @@ impl LocalClient {
         }
     }
 
-    async fn call_async(&self, method: &str, path: &str) -> Result<Answer, ClientError> {
-        let resp = self.send(method, path).await?;
+    async fn call_async(
+        &self,
+        method: &str,
+        path: &str,
+        body: Bytes,
+    ) -> Result<Answer, ClientError> {
+        let resp = self.send(method, path, body).await?;
         self.whole(resp).await
     }
 
@@ -124,11 +138,12 @@ impl LocalClient {
         })
     }
 
-    /// Connects, sends a request without a body and returns the response head.
+    /// Connects, sends a request with `body` (often none) and returns the response head.
     async fn send(
         &self,
         method: &str,
         path: &str,
+        body: Bytes,
     ) -> Result<hyper::Response<Incoming>, ClientError> {
         let connect = |e: std::io::Error| ClientError::Connect {
             addr: self.target.clone(),
@@ -153,7 +168,7 @@ impl LocalClient {
             req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {t}"));
         }
         let req = req
-            .body(Full::new(Bytes::new()))
+            .body(Full::new(body))
             .map_err(|e| self.http(e.to_string()))?;
         send.send_request(req)
             .await
@@ -190,7 +205,7 @@ impl LocalClient {
             .build()
             .map_err(|e| self.http(format!("cannot start a runtime: {e}")))?;
         rt.block_on(async {
-            let resp = tokio::time::timeout(self.timeout, self.send("GET", path))
+            let resp = tokio::time::timeout(self.timeout, self.send("GET", path, Bytes::new()))
                 .await
                 .map_err(|_| self.http(format!("no answer within {:?}", self.timeout)))??;
             if resp.status() != hyper::StatusCode::OK {
@@ -388,5 +403,31 @@ mod tests {
         assert!(t.contains("runtime: Ready (containerd://1.6.20)"));
         assert!(t.contains("2 pods, 2 DaemonSets, 3 ControllerRevisions, 1 nodes"));
         assert!(t.contains("upgrade vehicle/p a -> b [Requested] (request 1)"));
+    }
+
+    #[test]
+    fn status_text_says_which_credential_lapsed_when() {
+        let body = r#"{"node":"edge-1","link":{"state":"TlsFailed","reason":"unknown CA"},
+            "cache":{"pods":0,"daemonSets":0,"controllerRevisions":0,"nodes":0},
+            "identity":{"inUse":"nodeCertificate","nodeCertificate":{"subject":"system:node:edge-1",
+              "notBefore":"2026-01-01T00:00:00Z","notAfter":"2026-02-01T00:00:00Z"},
+              "bootstrap":{"source":"kubeconfig","state":"refused"},"waitingForClock":false,
+              "lapsed":[{"credential":"nodeCertificate","reason":"expired","since":"2026-02-01T00:00:00Z"},
+                {"credential":"bootstrap","reason":"bootstrap token refused by the apiserver (401): expired or unknown","since":"2026-06-01T10:00:00Z"}]},
+            "activeRequests":[]}"#;
+        let t = status_text(body).unwrap();
+        assert!(t.contains("link:   TlsFailed (unknown CA)"), "{t}");
+        assert!(t.contains("identity: node certificate system:node:edge-1 (valid 2026-01-01T00:00:00Z to 2026-02-01T00:00:00Z); bootstrap credential: refused (kubeconfig)"), "{t}");
+        assert!(
+            t.contains("lapsed: node certificate expired since 2026-02-01T00:00:00Z\n"),
+            "{t}"
+        );
+        assert!(t.contains("lapsed: bootstrap credential bootstrap token refused by the apiserver (401): expired or unknown since 2026-06-01T10:00:00Z\n"), "{t}");
+        assert!(t.contains("edgehub bootstrap --token-file FILE"), "{t}");
+        // Without identity management: no identity lines.
+        let plain =
+            status_text(r#"{"node":"n","link":{"state":"Online"},"cache":{},"identity":null}"#)
+                .unwrap();
+        assert!(!plain.contains("identity:"), "{plain}");
     }
 }

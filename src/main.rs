@@ -15,7 +15,7 @@ mod local_cmds;
 #[path = "main/run.rs"]
 mod run_cmd;
 
-use local_cmds::{images_list, images_load, logs, pods, status, upgrade};
+use local_cmds::{bootstrap, images_list, images_load, logs, pods, status, upgrade};
 use run_cmd::run;
 #[cfg(feature = "controller")]
 use run_cmd::Signals;
@@ -77,6 +77,13 @@ enum Command {
     },
     /// Show link state, cache sizes and active upgrades (asks the local API).
     Status,
+    /// Hand a bootstrap token (`<id>.<secret>`) over to a node whose credentials lapsed, so
+    /// it bootstraps again at once (asks the local API: PUT /v1/bootstrap-token).
+    Bootstrap {
+        /// A file holding the token, or `-` for standard input.
+        #[arg(long, value_name = "FILE")]
+        token_file: String,
+    },
     /// Print a container's log as `kubectl logs` does, from the CRI log files on this node
     /// (asks the local API; works offline).
     Logs {
@@ -176,6 +183,7 @@ fn main() -> ExitCode {
         Command::Pods => pods(&cli),
         Command::Upgrade { pod, wait, timeout } => upgrade(&cli, pod, *wait, *timeout),
         Command::Status => status(&cli),
+        Command::Bootstrap { token_file } => bootstrap(&cli, token_file),
         Command::Images(ImagesArgs {
             command: Some(ImagesCommand::Load { file, force }),
         }) => images_load(&cli, file, *force),

@@ -34,6 +34,7 @@ fn api_state(h: &Harness) -> ApiState {
         streams: Default::default(),
         images: None,
         image_gc: None,
+        identity: None,
     }
 }
 
@@ -1217,5 +1218,124 @@ async fn a_web_page_in_a_real_browser_can_neither_start_an_upgrade_nor_read_the_
         h.store().active_requests().unwrap().is_empty(),
         "no upgrade or pre-pull was requested"
     );
+    h.stop().await;
+}
+
+/// `PUT /v1/bootstrap-token`: behind the token like the rest, the token's format checked
+/// (400), stored 0600 when the node needs it (202), refused while the node certificate is
+/// valid or on a node that does not bootstrap (409). The full handover, with the identity task
+/// woken and the node back, is in tests/identity_run.rs.
+#[tokio::test]
+async fn the_bootstrap_token_handover_is_guarded_and_checks_what_it_gets() {
+    use edgehub::identity::handover::{token_path, Handover};
+    use edgehub::identity::status::{compute, BootstrapSeen, IdentityStatus, Inputs};
+    use std::os::unix::fs::PermissionsExt;
+    let mut h = Harness::new().await;
+    h.start();
+    h.wait_converged().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (status_tx, status) = tokio::sync::watch::channel(IdentityStatus::starting());
+    let handover = Arc::new(Handover::new(token_path(dir.path()), None));
+    let mut ls = listen::bind(Some("127.0.0.1:0".parse().unwrap()), &h.config.api)
+        .await
+        .unwrap();
+    let Listener::Tcp(tcp) = ls.remove(0) else {
+        panic!("tcp first")
+    };
+    let addr = tcp.local_addr().unwrap();
+    let state = Arc::new(ApiState {
+        token: Some("s3cret".into()),
+        identity: Some(api::identity::IdentityHandle {
+            status,
+            handover: handover.clone(),
+        }),
+        ..api_state(&h)
+    });
+    let (_stop, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(api::serve(Listener::Tcp(tcp), state, rx));
+    let put = |token: Option<&str>, body: &'static str| {
+        let c = LocalClient {
+            target: Target::Tcp(addr),
+            token: token.map(str::to_string),
+            timeout: Duration::from_secs(5),
+        };
+        tokio::task::spawn_blocking(move || c.put("/v1/bootstrap-token", body.as_bytes()))
+    };
+    const TOKEN: &str = "abcdef.0123456789abcdef";
+    assert_eq!(put(None, TOKEN).await.unwrap().unwrap().status, 401);
+    assert!(!handover.path.exists());
+    for bad in [
+        "",
+        "abcdef",
+        "abcdef.0123456789ABCDEF",
+        "abcdef.0123456789abcdef.x",
+    ] {
+        let a = put(Some("s3cret"), bad).await.unwrap().unwrap();
+        assert_eq!(a.status, 400, "{bad:?}: {}", a.body);
+    }
+    assert!(!handover.path.exists());
+    let a = put(Some("s3cret"), TOKEN).await.unwrap().unwrap();
+    assert_eq!(a.status, 202, "{}", a.body);
+    let mode = std::fs::metadata(&handover.path)
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600);
+    assert_eq!(handover.read().unwrap().as_deref(), Some(TOKEN));
+
+    // A node certificate that has not lapsed: not needed.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let cert = edgehub::identity::cert::CertTimes {
+        not_before: now - 60,
+        not_after: now + 3600,
+        common_name: Some("system:node:edge-1".into()),
+    };
+    status_tx.send_replace(compute(&Inputs {
+        now,
+        cert: Some(&cert),
+        cert_refused_since: None,
+        bootstrap: &BootstrapSeen::Unused,
+        bootstrap_source: "kubeconfig",
+    }));
+    let a = put(Some("s3cret"), TOKEN).await.unwrap().unwrap();
+    assert_eq!(a.status, 409, "{}", a.body);
+    assert!(a.body.contains("valid node certificate"), "{}", a.body);
+    // The local view says nothing lapsed.
+    let c = LocalClient {
+        target: Target::Tcp(addr),
+        token: Some("s3cret".into()),
+        timeout: Duration::from_secs(5),
+    };
+    let a = tokio::task::spawn_blocking(move || c.get("/v1/node"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(a.status, 200);
+    let node: Value = serde_json::from_str(&a.body).unwrap();
+    let conds = node["status"]["conditions"].as_array().unwrap();
+    let cond = conds
+        .iter()
+        .find(|c| c["type"] == "CredentialsLapsed")
+        .unwrap();
+    assert_eq!(cond["status"], "False");
+    // Added to the cached Node's own conditions, not in place of them.
+    assert!(conds.iter().any(|c| c["type"] == "Ready"), "{node}");
+
+    // A node without [identity] bootstrap_kubeconfig.
+    let plain = start_api(&h, None).await;
+    let c = LocalClient {
+        target: Target::Tcp(plain.addr),
+        token: None,
+        timeout: Duration::from_secs(5),
+    };
+    let a = tokio::task::spawn_blocking(move || c.put("/v1/bootstrap-token", TOKEN.as_bytes()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(a.status, 409, "{}", a.body);
     h.stop().await;
 }

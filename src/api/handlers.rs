@@ -297,6 +297,7 @@ fn link_json(link: &LinkState) -> serde_json::Value {
         LinkState::Unknown => json!({"state": "Unknown"}),
         LinkState::Online => json!({"state": "Online"}),
         LinkState::Offline { reason } => json!({"state": "Offline", "reason": reason}),
+        LinkState::TlsFailed { reason } => json!({"state": "TlsFailed", "reason": reason}),
     }
 }
 
@@ -354,6 +355,7 @@ pub fn status(state: &ApiState) -> Reply {
         "activeRequests": active.iter().map(record_json).collect::<Vec<_>>(),
         "outbox": outbox,
         "secrets": secrets,
+        "identity": super::identity::status_json(state),
     });
     Reply::json(200, body.to_string())
 }

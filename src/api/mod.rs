@@ -10,6 +10,7 @@
 
 pub mod guard;
 pub mod handlers;
+pub mod identity;
 mod image_list;
 pub mod images;
 pub mod listen;
@@ -110,6 +111,9 @@ pub struct ApiState {
     /// Image garbage collection's counters and the image filesystem's last reading, for
     /// `/metrics`; `None` leaves them out.
     pub image_gc: Option<Arc<crate::images::GcStats>>,
+    /// The identity task's status and the bootstrap token's handover; `None` when the node
+    /// credential is made by hand.
+    pub identity: Option<identity::IdentityHandle>,
 }
 
 /// A response before it becomes HTTP.
@@ -170,7 +174,7 @@ impl Answer {
 
 /// Runs one route's handler. `query` is the request's query string, which only the log
 /// route reads.
-fn dispatch(state: &ApiState, route: &Route, query: Option<&str>) -> Answer {
+fn dispatch(state: &ApiState, route: &Route, query: Option<&str>, body: &[u8]) -> Answer {
     let reply = match route {
         Route::Pods => handlers::pods(state),
         Route::Upgrade { namespace, name } => {
@@ -186,6 +190,8 @@ fn dispatch(state: &ApiState, route: &Route, query: Option<&str>) -> Answer {
         Route::ImagesLoad => Reply::text(500, "Image loads are streamed"),
         Route::Images => image_list::list(state),
         Route::Status => handlers::status(state),
+        Route::Node => identity::node(state),
+        Route::BootstrapToken => identity::put_token(state, body),
         Route::Healthz => Reply::text(200, "ok"),
         Route::Readyz => handlers::readyz(state),
         Route::Metrics => handlers::metrics(state),
@@ -273,12 +279,14 @@ pub async fn handle(state: Arc<ApiState>, req: Request<Incoming>, via: guard::Vi
             match tokio::time::timeout(REQUEST_TIMEOUT, body.collect()).await {
                 Err(_) => reply(Reply::text(408, "Request body timeout")),
                 Ok(Err(_)) => reply(Reply::text(413, "Request body too large")),
-                Ok(Ok(_)) => {
+                Ok(Ok(collected)) => {
                     let st = state.clone();
                     let r = route.clone();
+                    let body = collected.to_bytes();
                     // Store work is synchronous; keep it off the async workers.
-                    let job =
-                        tokio::task::spawn_blocking(move || dispatch(&st, &r, query.as_deref()));
+                    let job = tokio::task::spawn_blocking(move || {
+                        dispatch(&st, &r, query.as_deref(), &body)
+                    });
                     // A request that may record something is answered with what happened:
                     // its handler bounds its own waits (the image check has a budget), and
                     // a timeout here could answer 503 for an upgrade that was recorded.

@@ -32,6 +32,10 @@ pub enum Route {
     /// `GET /v1/images`: the node's images and what garbage collection would do with them.
     Images,
     Status,
+    /// `GET /v1/node`: the cached Node with the device-side `CredentialsLapsed` condition.
+    Node,
+    /// `PUT /v1/bootstrap-token`: a bootstrap token handed over (`crate::identity::handover`).
+    BootstrapToken,
     Healthz,
     Readyz,
     Metrics,
@@ -49,6 +53,8 @@ impl Route {
             Route::ImagesLoad => "images_load",
             Route::Images => "images",
             Route::Status => "status",
+            Route::Node => "node",
+            Route::BootstrapToken => "bootstrap_token",
             Route::Healthz => "healthz",
             Route::Readyz => "readyz",
             Route::Metrics => "metrics",
@@ -109,6 +115,8 @@ pub const ROUTES: &[(&str, &str, &[u16])] = &[
         &[200, 400, 401, 403, 408, 413, 500, 503, 507],
     ),
     ("/v1/status", "GET", &[200, 401, 500]),
+    ("/v1/node", "GET", &[200, 401, 500]),
+    ("/v1/bootstrap-token", "PUT", &[202, 400, 401, 409, 500]),
     ("/v1/healthz", "GET", &[200]),
     ("/v1/readyz", "GET", &[200, 503]),
     ("/metrics", "GET", &[200, 401]),
@@ -130,6 +138,8 @@ pub fn route(method: &str, path: &str) -> Result<Route, Reject> {
     let (route, allow) = match segs.as_slice() {
         ["pods"] => (Route::Pods, "GET"),
         ["v1", "status"] => (Route::Status, "GET"),
+        ["v1", "node"] => (Route::Node, "GET"),
+        ["v1", "bootstrap-token"] => (Route::BootstrapToken, "PUT"),
         ["v1", "images", "load"] => (Route::ImagesLoad, "POST"),
         ["v1", "images"] => (Route::Images, "GET"),
         ["v1", "healthz"] => (Route::Healthz, "GET"),
@@ -153,6 +163,7 @@ pub fn route(method: &str, path: &str) -> Result<Route, Reject> {
     let allowed = match &route {
         Route::UpgradeStatus { .. } | Route::Upgrade { .. } => method == "GET" || method == "POST",
         Route::ImagePull { .. } | Route::ImagesLoad => method == "POST",
+        Route::BootstrapToken => method == "PUT",
         _ => method == "GET" || method == "HEAD",
     };
     if !allowed {
@@ -199,6 +210,16 @@ mod tests {
         assert_eq!(route("GET", "/v1/status"), Ok(Route::Status));
         assert_eq!(route("POST", "/v1/images/load"), Ok(Route::ImagesLoad));
         assert_eq!(route("GET", "/v1/images"), Ok(Route::Images));
+        assert_eq!(route("GET", "/v1/node"), Ok(Route::Node));
+        assert_eq!(
+            route("PUT", "/v1/bootstrap-token"),
+            Ok(Route::BootstrapToken)
+        );
+        for m in ["GET", "POST", "HEAD", "DELETE"] {
+            let r = route(m, "/v1/bootstrap-token").unwrap_err();
+            assert_eq!((r.status, r.allow), (405, Some("PUT")), "{m}");
+        }
+        assert_eq!(route("PUT", "/v1/node").unwrap_err().status, 405);
         assert_eq!(route("POST", "/v1/images").unwrap_err().status, 405);
         assert_eq!(route("GET", "/v1/images/load").unwrap_err().status, 405);
         assert_eq!(

@@ -14,15 +14,24 @@
 //! the pods, the local API and upgrades carry on. A credential whose notBefore is ahead of the
 //! device clock (a vehicle that booted at 1970) is kept, and used: the apiserver judges it by
 //! its own clock.
+//!
+//! What lapsed, and when, is kept current in [`status::IdentityStatus`] for the status
+//! surfaces; a bootstrap token handed over locally ([`handover`]) wakes the task and is the
+//! first candidate of the next bootstrap round.
 
 pub mod cert;
 pub mod check;
 pub mod csr;
 pub mod files;
+pub mod handover;
 pub mod request;
+pub mod status;
 
 use crate::backoff::BackoffPolicy;
+use crate::kube::kubeconfig::TokenSource;
 use crate::kube::{ApiClient, ClientOptions, Kubeconfig, KubeconfigError};
+use handover::{Candidate, Handover, KubeconfigCredential};
+use status::{BootstrapSeen, IdentityStatus};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -110,6 +119,13 @@ pub struct Identity {
     pub backoff: BackoffPolicy,
     /// How long a new credential may go without an answer before it is kept anyway.
     pub confirm_within: Duration,
+    handover: Arc<Handover>,
+    /// Where the next bootstrap round's first candidate comes from, for the status.
+    bootstrap_source: &'static str,
+    bootstrap_seen: BootstrapSeen,
+    /// The apiserver answered 401 to the node certificate since this unix second.
+    cert_refused_since: Option<i64>,
+    status: tokio::sync::watch::Sender<IdentityStatus>,
 }
 
 fn unix_now() -> i64 {
@@ -189,17 +205,66 @@ impl Identity {
                     max: Duration::from_secs(300),
                 },
                 confirm_within: Duration::from_secs(120),
+                handover: Arc::new(Handover::new(handover::token_path(data_dir), None)),
+                bootstrap_source: "kubeconfig",
+                bootstrap_seen: BootstrapSeen::Unused,
+                cert_refused_since: None,
+                status: tokio::sync::watch::channel(IdentityStatus::starting()).0,
             },
         ))
+    }
+
+    /// Seals the handed-over bootstrap token with the device key (call before
+    /// [`Identity::handover`] is shared).
+    pub fn set_seal(&mut self, seal: Option<Arc<dyn handover::TokenSeal>>) {
+        self.handover = Arc::new(Handover::new(self.handover.path.clone(), seal));
+    }
+
+    /// The handover's file and wakeup, for `PUT /v1/bootstrap-token`.
+    pub fn handover(&self) -> Arc<Handover> {
+        self.handover.clone()
+    }
+
+    /// Which credential is in use and which lapsed when, kept current by [`Identity::run`].
+    pub fn status(&self) -> tokio::sync::watch::Receiver<IdentityStatus> {
+        self.publish();
+        self.status.subscribe()
+    }
+
+    /// Puts what the task has seen into the status channel (receivers wake only on a change).
+    fn publish(&self) {
+        let next = status::compute(&status::Inputs {
+            now: unix_now(),
+            cert: self.current.as_ref().map(|c| &c.times),
+            cert_refused_since: self.cert_refused_since,
+            bootstrap: &self.bootstrap_seen,
+            bootstrap_source: self.bootstrap_source,
+        });
+        self.status.send_if_modified(|cur| {
+            if *cur == next {
+                return false;
+            }
+            for l in next.lapsed.iter().filter(|l| !cur.lapsed.contains(l)) {
+                tracing::warn!(credential = ?l.credential, reason = %l.reason, since = %l.since,
+                    "credential lapsed");
+            }
+            *cur = next;
+            true
+        });
     }
 
     /// Runs rounds until shutdown.
     pub async fn run(mut self, mut shutdown: tokio::sync::watch::Receiver<bool>) {
         let mut failures = 0u32;
+        let handover = self.handover.clone();
         loop {
             if *shutdown.borrow() {
                 return;
             }
+            if self.client.credential_state().unauthorized > 0 && self.current.is_some() {
+                self.cert_refused_since.get_or_insert_with(unix_now);
+            }
+            self.publish();
             let wait = match self.next_step() {
                 Step::Wait(d) => d,
                 step => {
@@ -225,9 +290,29 @@ impl Identity {
                     }
                 }
             };
-            tokio::select! {
-                _ = tokio::time::sleep(wait) => {}
-                _ = shutdown.changed() => {}
+            // Waits in slices of at most a second, so the status stays current (a certificate
+            // that expires during a long backoff is shown as expired when it does).
+            let until = tokio::time::Instant::now() + wait;
+            loop {
+                let slice = until
+                    .saturating_duration_since(tokio::time::Instant::now())
+                    .min(Duration::from_secs(1));
+                tokio::select! {
+                    _ = tokio::time::sleep(slice) => {}
+                    // A token handed over: bootstrap now, not at the end of the backoff.
+                    _ = handover.woken() => {
+                        failures = 0;
+                        break;
+                    }
+                    _ = shutdown.changed() => break,
+                }
+                if self.client.credential_state().unauthorized > 0 && self.current.is_some() {
+                    self.cert_refused_since.get_or_insert_with(unix_now);
+                }
+                self.publish();
+                if tokio::time::Instant::now() >= until {
+                    break;
+                }
             }
         }
     }
@@ -265,24 +350,7 @@ impl Identity {
             )
             .await?
         } else {
-            // Read again: a token handed over or a file replaced since the last round.
-            if let Ok(kc) = Kubeconfig::load(&self.bootstrap_path) {
-                self.bootstrap = kc;
-            }
-            let boot = ApiClient::new(&self.bootstrap, self.opts.clone()).map_err(|e| {
-                request::RequestError::Bad {
-                    name: "node-csr-".into(),
-                    reason: format!("bootstrap_kubeconfig: {e}"),
-                }
-            })?;
-            request::obtain(
-                &boot,
-                &self.node_name,
-                self.expiration_secs,
-                &self.annotations,
-                self.attestation.as_deref(),
-            )
-            .await?
+            self.bootstrap_round().await?
         };
         let bad = |reason: String| request::RequestError::Bad {
             name: issued.csr_name.clone(),
@@ -335,7 +403,97 @@ impl Identity {
             "node certificate issued and in use"
         );
         self.current = Some(new);
+        self.cert_refused_since = None;
+        if !rotation {
+            // Not needed again until the node certificate lapses.
+            self.bootstrap_seen = BootstrapSeen::Unused;
+        }
         Ok(())
+    }
+
+    /// A bootstrap round: each candidate ([`handover::bootstrap_candidates`]) in turn until
+    /// one is not refused (401); what the bootstrap credential met goes into the status.
+    async fn bootstrap_round(&mut self) -> Result<request::Issued, request::RequestError> {
+        // Read again: a token handed over or a file replaced since the last round.
+        if let Ok(kc) = Kubeconfig::load(&self.bootstrap_path) {
+            self.bootstrap = kc;
+        }
+        let handed = self.handover.read().unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "cannot read the handed-over bootstrap token");
+            None
+        });
+        let (candidates, missing) = handover::bootstrap_candidates(
+            &KubeconfigCredential::of(&self.bootstrap),
+            handed.as_deref(),
+            &self.handover.path,
+        );
+        self.bootstrap_source = match candidates.first() {
+            Some(Candidate::HandedOver(_)) => "handedOver",
+            Some(Candidate::Kubeconfig) => "kubeconfig",
+            None => "none",
+        };
+        let now = unix_now();
+        if let Some(what) = missing {
+            let since = match &self.bootstrap_seen {
+                BootstrapSeen::Missing { since, .. } => *since,
+                _ => now,
+            };
+            self.bootstrap_seen = BootstrapSeen::Missing {
+                since,
+                what: what.clone(),
+            };
+            return Err(request::RequestError::Bad {
+                name: "node-csr-".into(),
+                reason: format!("no bootstrap credential: {what}"),
+            });
+        }
+        let mut refused = None;
+        for c in candidates {
+            let mut kc = self.bootstrap.clone();
+            if let Candidate::HandedOver(t) = &c {
+                kc.token = Some(TokenSource::Inline(t.clone()));
+                kc.client_cert = None;
+            }
+            let boot =
+                ApiClient::new(&kc, self.opts.clone()).map_err(|e| request::RequestError::Bad {
+                    name: "node-csr-".into(),
+                    reason: format!("bootstrap_kubeconfig: {e}"),
+                })?;
+            match request::obtain(
+                &boot,
+                &self.node_name,
+                self.expiration_secs,
+                &self.annotations,
+                self.attestation.as_deref(),
+            )
+            .await
+            {
+                Ok(issued) => {
+                    self.bootstrap_seen = BootstrapSeen::Usable;
+                    return Ok(issued);
+                }
+                Err(e) if e.is_unauthorized() => {
+                    tracing::warn!(candidate = ?CandidateName(&c), error = %e, "bootstrap credential refused");
+                    refused = Some(e);
+                }
+                Err(e) => {
+                    if !e.is_offline() {
+                        // Authenticated: the CSR was refused for another reason.
+                        self.bootstrap_seen = BootstrapSeen::Usable;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let since = match &self.bootstrap_seen {
+            BootstrapSeen::Refused { since } => *since,
+            _ => now,
+        };
+        self.bootstrap_seen = BootstrapSeen::Refused { since };
+        Err(refused.unwrap_or_else(|| request::RequestError::Bad {
+            name: "node-csr-".into(),
+            reason: "no bootstrap credential".into(),
+        }))
     }
 
     /// Waits for the credential just swapped in to get an answer: `true` once one worked
@@ -355,6 +513,18 @@ impl Identity {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+}
+
+/// A candidate in the log, without its token.
+struct CandidateName<'a>(&'a Candidate);
+
+impl std::fmt::Debug for CandidateName<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self.0 {
+            Candidate::HandedOver(_) => "handed-over token",
+            Candidate::Kubeconfig => "bootstrap_kubeconfig",
+        })
     }
 }
 

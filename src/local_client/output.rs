@@ -131,6 +131,48 @@ pub fn images_table(body: &str) -> Result<String, String> {
     Ok(columns(&rows))
 }
 
+/// The `identity` lines of `edgehub status`: the credential in use, its window, and each
+/// lapsed credential with since when.
+fn identity_text(id: &Value, out: &mut String) {
+    if !id.is_object() {
+        return;
+    }
+    let s = |v: &Value| v.as_str().unwrap_or("-").to_string();
+    let cert = &id["nodeCertificate"];
+    match id["inUse"].as_str() {
+        Some("nodeCertificate") => out.push_str(&format!(
+            "identity: node certificate {} (valid {} to {})",
+            s(&cert["subject"]),
+            s(&cert["notBefore"]),
+            s(&cert["notAfter"])
+        )),
+        _ => out.push_str("identity: no node certificate yet (TLS bootstrap under way)"),
+    }
+    if id["waitingForClock"] == true {
+        out.push_str(", the device clock is behind its notBefore: kept, waiting for time");
+    }
+    out.push_str(&format!(
+        "; bootstrap credential: {} ({})\n",
+        s(&id["bootstrap"]["state"]),
+        s(&id["bootstrap"]["source"])
+    ));
+    for l in id["lapsed"].as_array().into_iter().flatten() {
+        let which = match l["credential"].as_str() {
+            Some("nodeCertificate") => "node certificate",
+            _ => "bootstrap credential",
+        };
+        out.push_str(&format!(
+            "lapsed: {which} {} since {}\n",
+            s(&l["reason"]),
+            s(&l["since"])
+        ));
+    }
+    let lapsed = id["lapsed"].as_array().map_or(0, Vec::len);
+    if lapsed > 1 || (lapsed > 0 && id["inUse"] == "none") {
+        out.push_str("        hand over a bootstrap token: edgehub bootstrap --token-file FILE\n");
+    }
+}
+
 /// The `edgehub status` text from a `GET /v1/status` body.
 pub fn status_text(body: &str) -> Result<String, String> {
     let v: Value =
@@ -189,6 +231,7 @@ pub fn status_text(body: &str) -> Result<String, String> {
         }
         out.push('\n');
     }
+    identity_text(&v["identity"], &mut out);
     let ob = &v["outbox"];
     if ob.is_object() {
         let parked = ob["parked"].as_array().cloned().unwrap_or_default();

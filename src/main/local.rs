@@ -41,6 +41,26 @@ pub fn status(cli: &Cli) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `edgehub bootstrap --token-file F|-`: the token, read and handed to the running edgehub.
+pub fn bootstrap(cli: &Cli, token_file: &str) -> anyhow::Result<()> {
+    let mut token = String::new();
+    if token_file == "-" {
+        use std::io::Read;
+        std::io::stdin()
+            .read_to_string(&mut token)
+            .context("cannot read the token from standard input")?;
+    } else {
+        token = std::fs::read_to_string(token_file)
+            .with_context(|| format!("cannot read {token_file}"))?;
+    }
+    let a = local_client(cli)?.put("/v1/bootstrap-token", token.trim().as_bytes())?;
+    if a.status != 202 {
+        anyhow::bail!("PUT /v1/bootstrap-token: {} {}", a.status, a.body.trim());
+    }
+    println!("{}", a.body.trim());
+    Ok(())
+}
+
 pub fn images_list(cli: &Cli) -> anyhow::Result<()> {
     let a = local_client(cli)?.get("/v1/images")?;
     if a.status != 200 {

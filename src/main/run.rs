@@ -54,7 +54,20 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
     let cri_health = cri::spawn_monitor(CriClient::new(&config.cri_socket), shutdown_rx.clone());
     let token = listen::read_token(&config.api)?;
     let listeners = listen::bind(config.api_addr, &config.api).await?;
-    let (client, identity) = node_client(&config)?;
+    let (client, mut identity) = node_client(&config)?;
+    // The handed-over bootstrap token is sealed with the same device key as Secrets.
+    let identity_handle = match identity.as_mut() {
+        Some(i) => {
+            let seal = edgehub::store::seal::load(&config.seal)?
+                .map(|k| Arc::new(k) as Arc<dyn edgehub::identity::handover::TokenSeal>);
+            i.set_seal(seal);
+            Some(api::identity::IdentityHandle {
+                status: i.status(),
+                handover: i.handover(),
+            })
+        }
+        None => None,
+    };
     let identity_task = identity.map(|i| tokio::spawn(i.run(shutdown_rx.clone())));
     // Image garbage collection: after each commit and under disk pressure, which the Node
     // reports while it lasts.
@@ -178,6 +191,7 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
         streams: Default::default(),
         images: Some(importer.clone()),
         image_gc: Some(image_gc_stats),
+        identity: identity_handle,
     });
     let mut servers = Vec::new();
     for l in listeners {

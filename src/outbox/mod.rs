@@ -182,9 +182,12 @@ impl<C: Cloud> Sender<C> {
         loop {
             // Jitter is for a link that came back, not the first connection after boot:
             // devices boot at their own times.
-            let was_offline = link
-                .as_ref()
-                .is_some_and(|l| matches!(*l.borrow(), LinkState::Offline { .. }));
+            let was_offline = link.as_ref().is_some_and(|l| {
+                matches!(
+                    *l.borrow(),
+                    LinkState::Offline { .. } | LinkState::TlsFailed { .. }
+                )
+            });
             let link_changed = async {
                 match link.as_mut() {
                     Some(l) => {

@@ -227,6 +227,28 @@ impl DeviceKey {
     }
 }
 
+/// The handed-over bootstrap token at rest (`<data_dir>/identity/bootstrap-token`), sealed
+/// with the same device key as Secrets, bound to that one use.
+impl crate::identity::handover::TokenSeal for DeviceKey {
+    fn seal(&self, plain: &[u8]) -> Result<Vec<u8>, String> {
+        DeviceKey::seal(self, &row_aad("identity", &["bootstrap-token"]), plain)
+            .map_err(|e| e.to_string())
+    }
+
+    fn open(&self, sealed: &[u8]) -> Result<Vec<u8>, String> {
+        DeviceKey::open(self, &row_aad("identity", &["bootstrap-token"]), sealed).map_err(|e| {
+            match e {
+                OpenError::OtherKey => "sealed with another device key".to_string(),
+                OpenError::Damaged => "sealed value damaged".to_string(),
+            }
+        })
+    }
+
+    fn is_sealed(&self, bytes: &[u8]) -> bool {
+        key_id(bytes).is_some()
+    }
+}
+
 /// The key id a sealed value names, if it is one.
 pub fn key_id(sealed: &[u8]) -> Option<[u8; KEY_ID_LEN]> {
     if sealed.len() < HEADER_LEN + aead::AES_256_GCM.tag_len() || !sealed.starts_with(MAGIC) {

@@ -59,13 +59,15 @@ pub struct SyncConfig {
     pub list_page_size: u32,
 }
 
-/// Records a request's error on the link: offline if it says the link is down, otherwise the
-/// server answered (a TLS failure says neither: the server may be fine and the credential or
-/// CA wrong). Here rather than in `link`, which knows nothing of the apiserver's errors.
+/// Records a request's error on the link: offline if it says the link is down, the TLS
+/// failure (what failed, as `kube::tls_error` names it) if the handshake failed, otherwise the
+/// server answered. Here rather than in `link`, which knows nothing of the apiserver's errors.
 fn link_error(link: &LinkReporter, e: &KubeError) {
-    if e.is_offline() {
+    if let KubeError::Tls { reason, .. } = e {
+        link.tls_failed(reason.clone());
+    } else if e.is_offline() {
         link.offline(e.to_string());
-    } else if !matches!(e, KubeError::Tls { .. }) {
+    } else {
         link.online();
     }
 }

@@ -511,6 +511,14 @@ impl FakeApiServer {
         lock(&self.state.csr).set_window(window);
     }
 
+    /// TEST ONLY, not a real apiserver behaviour: the certificates the signer issues say a
+    /// window `ahead` later than the one the authenticator accepts them in, as a device whose
+    /// clock is behind by `ahead` (a vehicle that booted at 1970) sees its certificate: not
+    /// valid yet by its own clock, valid by the apiserver's. `None` restores the real signer.
+    pub fn set_test_only_not_before_ahead(&self, ahead: Option<Duration>) {
+        lock(&self.state.csr).set_not_before_ahead(ahead);
+    }
+
     /// The CertificateSigningRequests stored now.
     pub fn csrs(&self) -> Vec<Value> {
         self.list("certificatesigningrequests")

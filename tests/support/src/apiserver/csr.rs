@@ -125,6 +125,9 @@ pub(super) struct CsrState {
     /// ClusterRoleBinding `kubeadm:node-autoapprove-certificate-rotation` is in place.
     rotation_autoapprove: bool,
     window: Option<TestOnlyCertWindow>,
+    /// Test only: the issued certificate's window is moved this far into the future in its
+    /// bytes, while the authenticator judges the real one.
+    not_before_ahead: Option<Duration>,
     /// Delay of the approver and of the signer after the write they follow.
     controller_delay: Duration,
     name_seq: u64,
@@ -139,6 +142,7 @@ impl Default for CsrState {
             bootstrap_autoapprove: true,
             rotation_autoapprove: true,
             window: None,
+            not_before_ahead: None,
             controller_delay: Duration::from_millis(5),
             name_seq: 0,
         }
@@ -169,6 +173,10 @@ impl CsrState {
 
     pub fn set_window(&mut self, w: Option<TestOnlyCertWindow>) {
         self.window = w;
+    }
+
+    pub fn set_not_before_ahead(&mut self, d: Option<Duration>) {
+        self.not_before_ahead = d;
     }
 }
 
@@ -711,7 +719,11 @@ async fn run_signer(state: Arc<State>, name: String) {
         }
     };
     let key_enc = usages.iter().any(|u| u == "key encipherment");
-    let Ok(issued) = state.pki.sign_csr(&parsed, key_enc, not_before, not_after) else {
+    let ahead = lock(&state.csr).not_before_ahead.unwrap_or_default();
+    let Ok(issued) = state
+        .pki
+        .sign_csr(&parsed, key_enc, not_before + ahead, not_after + ahead)
+    else {
         return;
     };
     let user = parsed.common_name.clone().unwrap_or_default();
