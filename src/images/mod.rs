@@ -10,8 +10,8 @@
 //! interrupted import deletes the lease, and containerd collects what it held. Free space on
 //! the image filesystem is checked first, before the lease, against the bytes the archive
 //! will add (the blobs a scan of the file or the client's declaration lists that containerd
-//! lacks, [`scan`], [`declare`]); and again before each blob the archive adds, for streams
-//! that came with neither.
+//! lacks, [`scan`], [`declare`]); and again before each blob the archive adds (the only
+//! check for a stream that came with neither).
 //!
 //! The surfaces: `POST /v1/images/load` of the local API (`edgehub images load FILE|-`), and a
 //! drop directory for OTA managers that only write files ([`drop`]).

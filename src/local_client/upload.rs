@@ -1,5 +1,6 @@
 //! `edgehub images load FILE|-`: an image archive streamed to `POST /v1/images/load`, read
-//! a chunk at a time (a file with its length, stdin chunked), never whole.
+//! a chunk at a time (a file with its length and its blobs declared, stdin chunked), never
+//! whole.
 
 use super::{Answer, ClientError, LocalClient, Target};
 use bytes::Bytes;
