@@ -203,7 +203,7 @@ mod tests {
             format!("{A}=99999999999999999999999"),
             "sha512:00=1".to_string(),
             "ten".to_string(),
-            format!("{A}"),
+            A.to_string(),
             format!("{}=1", A.to_uppercase()),
         ] {
             assert!(
