@@ -205,7 +205,8 @@ fn blob_sizes(b: &archive::Built) -> u64 {
 }
 
 /// Two images whose blobs each fit the free space and together do not, in one archive: the
-/// CLI (FILE, scanned), the API with the declaration, and the drop directory each refuse it
+/// CLI (FILE, scanned), the API with the declaration (plain and gzip), and the drop directory
+/// (gzip) each refuse it
 /// with 507 naming the bytes it adds, and containerd's content store and metadata are the
 /// same as before, byte for byte: no lease was taken, no blob written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -254,12 +255,40 @@ async fn an_archive_bigger_than_the_free_space_is_refused_before_anything_is_wri
     assert!(says_need(&body), "{body}");
     assert_eq!(held(&small).await, before, "the API's load wrote nothing");
 
-    // The drop directory scans the file itself (its import is not forced: the space check
-    // comes before the question whether a revision names the images).
+    // The same, gzip-compressed: the declaration is of the blobs inside.
+    let gz = dir.path().join("two.tar.gz");
+    let st = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "gzip -1 -n -c '{}' > '{}'",
+            file.display(),
+            gz.display()
+        ))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert_eq!(declaration(&gz), declaration(&file));
+    let (code, body) = post(
+        &n,
+        "/v1/images/load?force=true",
+        &[("Edgehub-Blobs", declaration(&gz))],
+        &gz,
+    );
+    assert_eq!(code, 507, "{body}");
+    assert!(says_need(&body), "{body}");
+    assert_eq!(held(&small).await, before, "the gzip load wrote nothing");
+
+    // The drop directory scans the file itself, here the gzip one as a stream (its import is
+    // not forced: the space check comes before the question whether a revision names the
+    // images).
     let drop_dir = n.dir.path().join("data/images");
-    std::fs::copy(&file, drop_dir.join("two.tar.part")).unwrap();
-    std::fs::rename(drop_dir.join("two.tar.part"), drop_dir.join("two.tar")).unwrap();
-    let note = drop_dir.join("two.tar.failed.txt");
+    std::fs::copy(&gz, drop_dir.join("two.tar.gz.part")).unwrap();
+    std::fs::rename(
+        drop_dir.join("two.tar.gz.part"),
+        drop_dir.join("two.tar.gz"),
+    )
+    .unwrap();
+    let note = drop_dir.join("two.tar.gz.failed.txt");
     n.wait_for(30, "the dropped archive is refused", |_| {
         let note = note.clone();
         async move { note.exists() }
