@@ -132,15 +132,6 @@ impl ImageError {
     }
 }
 
-impl From<scan::ScanError> for ImageError {
-    fn from(e: scan::ScanError) -> ImageError {
-        match e {
-            scan::ScanError::Io(e) => ImageError::Input(e),
-            e => ImageError::Archive(e.to_string()),
-        }
-    }
-}
-
 /// What is known of an archive before it is read: what the space check that comes first
 /// counts.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
