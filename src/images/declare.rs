@@ -82,6 +82,13 @@ pub fn format(blobs: &[Declared]) -> String {
     items.join(",")
 }
 
+/// The header a client sends for `blobs`: `None` when it would be longer than
+/// [`MAX_HEADER`] (the client then sends the archive's length alone).
+pub fn header(blobs: &[Declared]) -> Option<String> {
+    let h = format(blobs);
+    (h.len() <= MAX_HEADER).then_some(h)
+}
+
 /// The blobs a scan found, as a declaration.
 pub fn from_scan(s: &Scanned) -> Vec<Declared> {
     s.blobs
@@ -190,6 +197,15 @@ mod tests {
         assert_eq!(parse("").unwrap(), vec![]);
         // The same blob twice, same size: once.
         assert_eq!(parse(&format!("{A}=1,{A}=1")).unwrap(), vec![named(A, 1)]);
+    }
+
+    #[test]
+    fn a_declaration_too_long_for_a_header_is_not_sent() {
+        let few = vec![named(A, 1 << 30); 3];
+        assert_eq!(header(&few), Some(format(&few)));
+        // 72 bytes and more a blob: 200 of them pass 12 KiB.
+        let many: Vec<Declared> = (0..200u64).map(|i| named(A, i)).collect();
+        assert_eq!(header(&many), None);
     }
 
     #[test]

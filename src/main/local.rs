@@ -89,8 +89,7 @@ pub fn images_load(cli: &Cli, file: &str, force: bool) -> anyhow::Result<()> {
 fn declaration(f: &mut std::fs::File) -> Option<String> {
     use edgehub::images::{declare, scan};
     let scanned = scan::scan(f).ok()?;
-    let h = declare::format(&declare::from_scan(&scanned));
-    (h.len() <= declare::MAX_HEADER).then_some(h)
+    declare::header(&declare::from_scan(&scanned))
 }
 
 pub fn logs(cli: &Cli, pod: &str, req: &local::LogsRequest<'_>) -> anyhow::Result<()> {
