@@ -9,6 +9,8 @@ mod archive;
 mod common;
 #[path = "common/edge.rs"]
 mod edge;
+#[path = "common/small_containerd.rs"]
+mod small_containerd;
 
 use edge::node;
 use edgehub::cri::CriRuntime;
@@ -200,81 +202,6 @@ async fn after_three_upgrades_only_the_current_and_previous_images_remain() {
     }
 }
 
-/// A containerd of the test's own whose root is a 64 MiB tmpfs, so its image filesystem can be
-/// filled; killed and unmounted on drop, whatever the test did.
-struct SmallContainerd {
-    child: std::process::Child,
-    root: std::path::PathBuf,
-    socket: std::path::PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl SmallContainerd {
-    async fn start() -> SmallContainerd {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().join("root");
-        std::fs::create_dir_all(&root).unwrap();
-        let st = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=64m", "tmpfs"])
-            .arg(&root)
-            .status()
-            .expect("mount runs");
-        assert!(st.success(), "mounting a tmpfs needs root");
-        let socket = dir.path().join("containerd.sock");
-        // The shared stack's registry hosts (plain HTTP on loopback).
-        let certs = common::cri_stack().parent().unwrap().join("certs.d");
-        let config = dir.path().join("config.toml");
-        let d = dir.path().display();
-        std::fs::write(
-            &config,
-            format!(
-                "version = 2\nroot = \"{}\"\nstate = \"{d}/state\"\n\
-                 [grpc]\n  address = \"{}\"\n[ttrpc]\n  address = \"{}.ttrpc\"\n\
-                 [debug]\n  address = \"{d}/debug.sock\"\n\
-                 [plugins.\"io.containerd.internal.v1.opt\"]\n  path = \"{d}/opt\"\n\
-                 [plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"127.0.0.1:5000/pause:1.0\"\n\
-                 [plugins.\"io.containerd.grpc.v1.cri\".registry]\n    config_path = \"{}\"\n",
-                root.display(),
-                socket.display(),
-                socket.display(),
-                certs.display()
-            ),
-        )
-        .unwrap();
-        let log = std::fs::File::create(dir.path().join("containerd.log")).unwrap();
-        let child = Command::new("containerd")
-            .arg("--config")
-            .arg(&config)
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("containerd is installed (scripts/setup.sh)");
-        let c = SmallContainerd {
-            child,
-            root,
-            socket,
-            _dir: dir,
-        };
-        let cri = edgehub::cri::CriClient::new(&c.socket);
-        common::wait_until(30, "the small containerd answers", || c.socket.exists()).await;
-        for _ in 0..100 {
-            if cri.version().await.is_ok() {
-                return c;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        }
-        panic!("the small containerd never answered");
-    }
-}
-
-impl Drop for SmallContainerd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = Command::new("umount").arg("-l").arg(&self.root).status();
-    }
-}
-
 /// A ControllerRevision of DaemonSet `owner` naming `image`.
 fn cr(owner: &str, n: i64, image: &str) -> edgehub::store::StoredObject {
     let name = format!("{owner}-r{n}");
@@ -307,7 +234,7 @@ async fn a_full_image_filesystem_is_relieved_and_disk_pressure_comes_and_goes() 
     use std::collections::HashSet;
     use std::sync::Arc;
 
-    let small = SmallContainerd::start().await;
+    let small = small_containerd::SmallContainerd::start().await;
     let cri = edgehub::cri::CriClient::new(&small.socket);
     let repo = format!("127.0.0.1:5000/gcfull-{}", std::process::id());
     let images: Vec<String> = (0..4).map(|v| format!("{repo}:{v}")).collect();

@@ -372,9 +372,9 @@ async fn the_drop_directory_imports_a_slowly_written_file_once_whole() {
     remove_images(&repo).await;
 }
 
-/// Free space is checked before each blob the archive adds: with more kept free than the
-/// image filesystem has, the import is refused with 507 before its first blob, and nothing
-/// stays.
+/// Free space is checked first: with more kept free than the image filesystem has, the
+/// import is refused with 507 before its first blob, and nothing stays (tests/images_space.rs
+/// has the archive bigger than a small filesystem's free space).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_archive_that_does_not_fit_is_refused_before_it_writes() {
     let repo = format!("nospace-{}", std::process::id());

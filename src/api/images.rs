@@ -4,7 +4,7 @@
 //! over a slow pipe takes as long as it takes, while a client that stops sending is cut off.
 
 use super::{ApiState, Reply};
-use crate::images::{ImageError, LoadOptions};
+use crate::images::{declare, Expected, ImageError, LoadOptions};
 use bytes::{Buf, Bytes};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -26,6 +26,26 @@ pub fn force(query: Option<&str>) -> bool {
         .unwrap_or("")
         .split('&')
         .any(|kv| kv == "force=true" || kv == "force=1")
+}
+
+/// What the request says of its archive ahead of the body: the blobs of an `Edgehub-Blobs`
+/// declaration (held to while streaming), else the `Content-Length`.
+pub fn expected(
+    headers: &hyper::HeaderMap,
+    length: Option<u64>,
+) -> Result<Expected, declare::DeclareError> {
+    let values: Vec<&str> = headers
+        .get_all(declare::HEADER)
+        .iter()
+        .map(|v| v.to_str().unwrap_or("\u{fffd}"))
+        .collect();
+    if !values.is_empty() {
+        return Ok(Expected::Blobs {
+            blobs: declare::parse(&values.join(","))?,
+            enforce: true,
+        });
+    }
+    Ok(length.map_or(Expected::Unknown, Expected::Length))
 }
 
 /// The request body as the blocking importer reads it.
@@ -70,6 +90,10 @@ pub async fn load(
     if declared.is_some_and(|n| n > limit) {
         return Reply::text(413, ImageError::TooLarge { limit }.to_string());
     }
+    let expected = match expected(req.headers(), declared) {
+        Ok(e) => e,
+        Err(e) => return Reply::text(400, e.to_string()),
+    };
     let opts = LoadOptions {
         force: force(query),
     };
@@ -83,6 +107,7 @@ pub async fn load(
                 rx,
                 cur: Bytes::new(),
             },
+            expected,
             opts,
         )
     });
@@ -167,6 +192,25 @@ pub async fn load(
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn a_declaration_wins_over_the_length() {
+        let d = "sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+        let mut h = hyper::HeaderMap::new();
+        assert_eq!(expected(&h, None), Ok(Expected::Unknown));
+        assert_eq!(expected(&h, Some(9)), Ok(Expected::Length(9)));
+        h.insert("Edgehub-Blobs", format!("{d}=3").parse().unwrap());
+        h.append("edgehub-blobs", "4".parse().unwrap());
+        let Ok(Expected::Blobs { blobs, enforce }) = expected(&h, Some(9)) else {
+            panic!("{:?}", expected(&h, Some(9)));
+        };
+        assert!(enforce);
+        assert_eq!(declare::format(&blobs), format!("{d}=3,4"));
+        h.insert("edgehub-blobs", "x".parse().unwrap());
+        assert!(expected(&h, None).is_err());
+    }
+
     #[test]
     fn the_override_is_explicit() {
         assert!(super::force(Some("force=true")));

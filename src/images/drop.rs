@@ -8,7 +8,7 @@
 //! one is renamed to `NAME.failed`, with the reason in `NAME.failed.txt`, and never read
 //! again.
 
-use super::{Importer, LoadOptions};
+use super::{scan, Expected, ImageError, Importer, LoadOptions};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -86,7 +86,21 @@ async fn import_one(importer: &Arc<Importer>, path: &Path) {
     let imp = importer.clone();
     let rt = tokio::runtime::Handle::current();
     let result = tokio::task::spawn_blocking(move || {
-        imp.load_blocking(&rt, std::io::BufReader::new(file), LoadOptions::default())
+        let mut file = file;
+        // The file's blobs from its tar headers, so free space is checked first.
+        let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+        let scanned = scan::scan(&mut file);
+        if let Err(e) = &scanned {
+            tracing::debug!(error = %e, "cannot scan a dropped archive; the import reads it");
+        }
+        let expected = Expected::from_scan(scanned, len);
+        std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(0)).map_err(ImageError::Input)?;
+        imp.load_blocking(
+            &rt,
+            std::io::BufReader::new(file),
+            expected,
+            LoadOptions::default(),
+        )
     })
     .await;
     match result {

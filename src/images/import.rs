@@ -61,6 +61,8 @@ pub(super) struct Run<'a> {
     blobs: HashMap<String, Blob>,
     links: HashMap<String, String>,
     meta: HashMap<String, Vec<u8>>,
+    /// The declaration the stream is held to, if any.
+    ledger: Option<super::declare::Ledger>,
     /// The ingest being written, to abort when the import fails.
     pub current: Option<String>,
     n: usize,
@@ -75,12 +77,14 @@ impl<'a> Run<'a> {
         cd: &'a Containerd,
         lease: &'a str,
         space: &'a (dyn Fn(u64) -> Result<(), ImageError> + Sync),
+        ledger: Option<super::declare::Ledger>,
     ) -> Run<'a> {
         Run {
             rt,
             cd,
             lease,
             space,
+            ledger,
             blobs: HashMap::new(),
             links: HashMap::new(),
             meta: HashMap::new(),
@@ -148,6 +152,10 @@ impl<'a> Run<'a> {
                     self.meta.insert(path, buf);
                 }
                 Entry::Blob(expected) => {
+                    if let Some(l) = &mut self.ledger {
+                        l.admit(&path, expected.as_deref(), size)
+                            .map_err(ImageError::Undeclared)?;
+                    }
                     let blob = self.put(&mut e, size, expected.as_deref(), &path)?;
                     self.blobs.insert(path, blob);
                 }

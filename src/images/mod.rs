@@ -8,13 +8,16 @@
 //! one, by name and tag otherwise) unless the operator forces it. Everything an import writes
 //! is held by a containerd lease until the image is named; a corrupt, truncated, refused or
 //! interrupted import deletes the lease, and containerd collects what it held. Free space on
-//! the image filesystem is checked before each blob the archive adds (blobs already in the
-//! store cost nothing).
+//! the image filesystem is checked first, before the lease, against the bytes the archive
+//! will add (the blobs a scan of the file or the client's declaration lists that containerd
+//! lacks, [`scan`], [`declare`]); and again before each blob the archive adds (the only
+//! check for a stream that came with neither).
 //!
 //! The surfaces: `POST /v1/images/load` of the local API (`edgehub images load FILE|-`), and a
 //! drop directory for OTA managers that only write files ([`drop`]).
 
 mod collect;
+pub mod declare;
 pub mod drop;
 mod entry;
 pub mod gc;
@@ -23,6 +26,7 @@ mod import;
 pub mod oci;
 pub mod policy;
 pub mod reference;
+pub mod scan;
 
 pub use import::{Loaded, CHUNK};
 
@@ -98,6 +102,8 @@ pub enum ImageError {
         free: u64,
         reserve: u64,
     },
+    #[error("the archive does not match its declaration: {0}")]
+    Undeclared(String),
     #[error("the archive is larger than the {limit} bytes accepted (images.max_archive_bytes)")]
     TooLarge { limit: u64 },
     #[error("reading the archive: {0}")]
@@ -122,6 +128,38 @@ impl ImageError {
             ImageError::Containerd(_) | ImageError::Cri(_) => 503,
             ImageError::Store(_) => 500,
             _ => 400,
+        }
+    }
+}
+
+/// What is known of an archive before it is read: what the space check that comes first
+/// counts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Expected {
+    /// Nothing: only the check before each blob guards the space.
+    #[default]
+    Unknown,
+    /// The stream's length (a request's `Content-Length`): a bound on what a plain tar adds,
+    /// none on a gzip one.
+    Length(u64),
+    /// The archive's blobs, from a scan of the file or the client's declaration; with
+    /// `enforce`, a blob the list lacks, or holds with another size, fails the import.
+    Blobs {
+        blobs: Vec<declare::Declared>,
+        enforce: bool,
+    },
+}
+
+impl Expected {
+    /// What a scan of an archive file of `len` bytes says: its blobs, or (a scan that failed)
+    /// its length, which the import's own reading then judges.
+    pub fn from_scan(scanned: Result<scan::Scanned, scan::ScanError>, len: u64) -> Expected {
+        match scanned {
+            Ok(s) => Expected::Blobs {
+                blobs: declare::from_scan(&s),
+                enforce: false,
+            },
+            Err(_) => Expected::Length(len),
         }
     }
 }
@@ -166,12 +204,13 @@ impl Importer {
         }
     }
 
-    /// Imports one archive read from `reader`. Blocking: call it on a blocking thread of the
-    /// runtime `rt`.
+    /// Imports one archive read from `reader`, of which `expected` is known ahead. Blocking:
+    /// call it on a blocking thread of the runtime `rt`.
     pub fn load_blocking(
         &self,
         rt: &tokio::runtime::Handle,
         reader: impl Read,
+        expected: Expected,
         opts: LoadOptions,
     ) -> Result<Loaded, ImageError> {
         // Poisoned only if an import panicked; the lock still only orders imports.
@@ -191,6 +230,9 @@ impl Importer {
                 _ => Ok(()),
             }
         };
+        // Free space first, before the lease and the first blob.
+        let mut reader = std::io::BufReader::with_capacity(64 << 10, reader);
+        let ledger = self.check_first(rt, &mut reader, &expected, &space)?;
         let lease = format!(
             "edgehub-import-{}-{:08x}",
             crate::time::now_ms(),
@@ -200,7 +242,7 @@ impl Importer {
         labels.insert(LEASE_LABEL.to_string(), self.node_name.clone());
         rt.block_on(self.containerd.create_lease(&lease, LEASE_EXPIRY, labels))?;
         let device = oci::device_platform();
-        let mut run = import::Run::new(rt, &self.containerd, &lease, &space);
+        let mut run = import::Run::new(rt, &self.containerd, &lease, &space, ledger);
         let result = run
             .walk(reader)
             .and_then(|()| run.finish(&wanted, opts.force, &device));
@@ -218,6 +260,49 @@ impl Importer {
             }
         }
         result
+    }
+
+    /// The check before anything is written: `space` for the bytes the archive will add, as
+    /// far as `expected` tells them, and the ledger that holds the stream to a declaration.
+    fn check_first<R: Read>(
+        &self,
+        rt: &tokio::runtime::Handle,
+        reader: &mut std::io::BufReader<R>,
+        expected: &Expected,
+        space: &dyn Fn(u64) -> Result<(), ImageError>,
+    ) -> Result<Option<declare::Ledger>, ImageError> {
+        use std::io::BufRead;
+        match expected {
+            Expected::Unknown => Ok(None),
+            Expected::Length(n) => {
+                let head = reader.fill_buf().map_err(ImageError::Input)?;
+                // A gzip archive unpacks to more than its length; its blobs are checked one by
+                // one as they come.
+                if !head.starts_with(&[0x1f, 0x8b]) {
+                    space(*n)?;
+                }
+                Ok(None)
+            }
+            Expected::Blobs { blobs, enforce } => {
+                let mut present = HashMap::new();
+                for d in blobs.iter().filter_map(|b| b.digest.as_deref()) {
+                    if present.contains_key(d) {
+                        continue;
+                    }
+                    if let Some(info) = rt.block_on(self.containerd.info(d))? {
+                        present.insert(d.to_string(), info.size as u64);
+                    }
+                }
+                let need = declare::bytes_to_add(blobs, &present);
+                tracing::debug!(
+                    blobs = blobs.len(),
+                    need,
+                    "free space checked before the import"
+                );
+                space(need)?;
+                Ok(enforce.then(|| declare::Ledger::new(blobs)))
+            }
+        }
     }
 
     /// Removes what a failed import wrote: its write in progress, then its lease, collected

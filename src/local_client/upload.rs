@@ -1,5 +1,6 @@
 //! `edgehub images load FILE|-`: an image archive streamed to `POST /v1/images/load`, read
-//! a chunk at a time (a file with its length, stdin chunked), never whole.
+//! a chunk at a time (a file with its length and its blobs declared, stdin chunked), never
+//! whole.
 
 use super::{Answer, ClientError, LocalClient, Target};
 use bytes::Bytes;
@@ -25,13 +26,15 @@ impl futures_core::Stream for Chunks {
 }
 
 impl LocalClient {
-    /// POSTs `reader` (of `len` bytes when known) to `path` and returns the answer. The
-    /// client's timeout covers connecting only: an archive takes as long as it takes.
+    /// POSTs `reader` (of `len` bytes when known) to `path`, with `headers` added, and
+    /// returns the answer. The client's timeout covers connecting only: an archive takes as
+    /// long as it takes.
     pub fn upload(
         &self,
         path: &str,
         mut reader: Box<dyn Read + Send>,
         len: Option<u64>,
+        headers: &[(&str, String)],
     ) -> Result<Answer, ClientError> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -91,6 +94,9 @@ impl LocalClient {
             }
             if let Some(t) = &self.token {
                 req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {t}"));
+            }
+            for (k, v) in headers {
+                req = req.header(*k, v.as_str());
             }
             let req = req
                 .body(StreamBody::new(Chunks(rx)))

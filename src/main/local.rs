@@ -74,11 +74,16 @@ pub fn images_list(cli: &Cli) -> anyhow::Result<()> {
 }
 
 pub fn images_load(cli: &Cli, file: &str, force: bool) -> anyhow::Result<()> {
+    let mut headers = Vec::new();
     let (reader, len): (Box<dyn std::io::Read + Send>, Option<u64>) = if file == "-" {
         (Box::new(std::io::stdin()), None)
     } else {
-        let f = std::fs::File::open(file).with_context(|| format!("cannot open {file}"))?;
+        let mut f = std::fs::File::open(file).with_context(|| format!("cannot open {file}"))?;
         let len = f.metadata().ok().map(|m| m.len());
+        if let Some(h) = declaration(&mut f) {
+            headers.push((edgehub::images::declare::HEADER, h));
+        }
+        std::io::Seek::rewind(&mut f).with_context(|| format!("cannot read {file}"))?;
         (Box::new(f), len)
     };
     let path = if force {
@@ -86,7 +91,7 @@ pub fn images_load(cli: &Cli, file: &str, force: bool) -> anyhow::Result<()> {
     } else {
         "/v1/images/load"
     };
-    let a = local_client(cli)?.upload(path, reader, len)?;
+    let a = local_client(cli)?.upload(path, reader, len, &headers)?;
     if a.status != 200 {
         anyhow::bail!("{} ({})", a.body.trim(), a.status);
     }
@@ -95,6 +100,16 @@ pub fn images_load(cli: &Cli, file: &str, force: bool) -> anyhow::Result<()> {
         println!("loaded {}", name.as_str().unwrap_or_default());
     }
     Ok(())
+}
+
+/// The `Edgehub-Blobs` declaration of an archive file, from its tar headers, so edgehub checks
+/// free space before it writes anything; `None` when the file cannot be scanned (edgehub's
+/// import then says what is wrong with it) or the header would be too long (edgehub bounds
+/// a plain archive by its length instead).
+fn declaration(f: &mut std::fs::File) -> Option<String> {
+    use edgehub::images::{declare, scan};
+    let scanned = scan::scan(f).ok()?;
+    declare::header(&declare::from_scan(&scanned))
 }
 
 pub fn logs(cli: &Cli, pod: &str, req: &local::LogsRequest<'_>) -> anyhow::Result<()> {
