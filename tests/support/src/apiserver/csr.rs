@@ -24,7 +24,8 @@ pub const CSR: &ResourceType = &super::RESOURCES[super::RESOURCES.len() - 1];
 
 /// The signer of kubelet client certificates.
 pub const KUBELET_CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
-const KUBELET_SERVING_SIGNER: &str = "kubernetes.io/kubelet-serving";
+/// The signer of kubelet serving certificates: never auto-approved by the built-in approver.
+pub const KUBELET_SERVING_SIGNER: &str = "kubernetes.io/kubelet-serving";
 
 /// A bootstrap token, as a `bootstrap.kubernetes.io/token` Secret in kube-system holds it.
 #[derive(Debug, Clone)]
@@ -566,6 +567,38 @@ pub fn validate_kubelet_client(
     Ok(())
 }
 
+/// `ValidateKubeletServingCSR` (k8s.io/kubernetes pkg/apis/certificates): what the
+/// kubelet-serving signer checks before it signs.
+pub fn validate_kubelet_serving(csr: &ParsedCsr, usages: &[String]) -> Result<(), String> {
+    if csr.organizations != ["system:nodes"] {
+        return Err("subject organization is not system:nodes".into());
+    }
+    if csr.dns_names.is_empty() && csr.ip_addresses.is_empty() {
+        return Err("DNS or IP subjectAltName is required".into());
+    }
+    if csr.other_sans {
+        return Err("Email subjectAltNames are not allowed".into());
+    }
+    let set: std::collections::BTreeSet<&str> = usages.iter().map(String::as_str).collect();
+    let no_rsa: std::collections::BTreeSet<&str> =
+        ["digital signature", "server auth"].into_iter().collect();
+    let rsa: std::collections::BTreeSet<&str> =
+        ["digital signature", "key encipherment", "server auth"]
+            .into_iter()
+            .collect();
+    if set != no_rsa && set != rsa {
+        return Err("usages did not match [digital signature key encipherment server auth]".into());
+    }
+    if !csr
+        .common_name
+        .as_deref()
+        .is_some_and(|cn| cn.starts_with("system:node:"))
+    {
+        return Err("subject common name does not begin with system:node:".into());
+    }
+    Ok(())
+}
+
 /// kube-controller-manager's csrapproving with kubeadm's bindings: a kubelet client CSR is
 /// approved for its own node (`selfnodeclient`, a node renewing) or for a bootstrapper
 /// (`nodeclient`); anything else is left alone.
@@ -663,9 +696,11 @@ async fn run_signer(state: Arc<State>, name: String) {
         return;
     }
     let spec = &obj["spec"];
-    if spec["signerName"].as_str() != Some(KUBELET_CLIENT_SIGNER) {
-        return;
-    }
+    let serving = match spec["signerName"].as_str() {
+        Some(KUBELET_CLIENT_SIGNER) => false,
+        Some(KUBELET_SERVING_SIGNER) => true,
+        _ => return,
+    };
     let Ok((_, parsed)) = decode_request(spec) else {
         return;
     };
@@ -677,12 +712,17 @@ async fn run_signer(state: Arc<State>, name: String) {
                 .collect()
         })
         .unwrap_or_default();
-    if let Err(msg) = validate_kubelet_client(
-        parsed.common_name.as_deref(),
-        &parsed.organizations,
-        parsed.has_sans,
-        &usages,
-    ) {
+    let valid = if serving {
+        validate_kubelet_serving(&parsed, &usages)
+    } else {
+        validate_kubelet_client(
+            parsed.common_name.as_deref(),
+            &parsed.organizations,
+            parsed.has_sans,
+            &usages,
+        )
+    };
+    if let Err(msg) = valid {
         add_condition(
             &state,
             &name,
@@ -711,22 +751,32 @@ async fn run_signer(state: Arc<State>, name: String) {
         }
     };
     let key_enc = usages.iter().any(|u| u == "key encipherment");
-    let Ok(issued) = state.pki.sign_csr(&parsed, key_enc, not_before, not_after) else {
+    let signed = if serving {
+        state
+            .pki
+            .sign_serving_csr(&parsed, key_enc, not_before, not_after)
+    } else {
+        state.pki.sign_csr(&parsed, key_enc, not_before, not_after)
+    };
+    let Ok(issued) = signed else {
         return;
     };
-    let user = parsed.common_name.clone().unwrap_or_default();
-    let mut groups = parsed.organizations.clone();
-    groups.push("system:authenticated".into());
-    lock(&state.certs).insert(
-        issued.der.clone(),
-        CertIdentity {
-            user,
-            groups,
-            not_before,
-            not_after,
-            credential_id: credential_id(&issued.der),
-        },
-    );
+    if !serving {
+        // A client certificate authenticates its subject from now on.
+        let user = parsed.common_name.clone().unwrap_or_default();
+        let mut groups = parsed.organizations.clone();
+        groups.push("system:authenticated".into());
+        lock(&state.certs).insert(
+            issued.der.clone(),
+            CertIdentity {
+                user,
+                groups,
+                not_before,
+                not_after,
+                credential_id: credential_id(&issued.der),
+            },
+        );
+    }
     let key = (CSR.plural.to_string(), String::new(), name.clone());
     let mut db = lock(&state.db);
     let Some(cur) = db.objects.get(&key).cloned() else {
