@@ -20,6 +20,7 @@ pub mod check;
 pub mod csr;
 pub mod files;
 pub mod request;
+pub mod serving;
 
 use crate::backoff::BackoffPolicy;
 use crate::kube::{ApiClient, ClientOptions, Kubeconfig, KubeconfigError};
