@@ -112,6 +112,8 @@ pub(super) struct CertIdentity {
 #[derive(Debug, Clone)]
 pub(super) struct Caller {
     pub user: String,
+    /// The static token file's uid column (bootstrap tokens and certificates have none).
+    pub uid: Option<String>,
     pub groups: Vec<String>,
     pub credential_id: Option<String>,
 }
@@ -195,6 +197,7 @@ pub(super) fn bootstrap_caller(state: &State, bearer: &str) -> Option<Caller> {
     Some(Caller {
         user: format!("system:bootstrap:{id}"),
         groups,
+        uid: None,
         credential_id: None,
     })
 }
@@ -208,6 +211,7 @@ pub(super) fn cert_caller(id: &CertIdentity) -> Option<Caller> {
     Some(Caller {
         user: id.user.clone(),
         groups: id.groups.clone(),
+        uid: None,
         credential_id: Some(id.credential_id.clone()),
     })
 }
@@ -223,8 +227,18 @@ pub(super) fn token_caller(user: &str) -> Caller {
     groups.push("system:authenticated".into());
     Caller {
         user: user.into(),
+        uid: Some(static_uid(user)),
         groups,
         credential_id: None,
+    }
+}
+
+/// The uid the recorded cluster's token file gives a static-token user (`node-edge-1` for
+/// `system:node:edge-1`, else the user name).
+pub(super) fn static_uid(user: &str) -> String {
+    match user.strip_prefix("system:node:") {
+        Some(node) => format!("node-{node}"),
+        None => user.to_string(),
     }
 }
 
@@ -239,6 +253,9 @@ pub(super) fn credential_id(der: &[u8]) -> String {
 pub(super) fn self_subject_review(caller: &Caller) -> Response<Body> {
     let mut info = Map::new();
     info.insert("username".into(), caller.user.clone().into());
+    if let Some(uid) = &caller.uid {
+        info.insert("uid".into(), uid.clone().into());
+    }
     info.insert("groups".into(), json!(caller.groups));
     if let Some(id) = &caller.credential_id {
         info.insert(
@@ -442,6 +459,9 @@ fn create(state: &Arc<State>, caller: &Caller, body: &[u8]) -> Response<Body> {
     }
     s.insert("usages".into(), json!(usages));
     s.insert("username".into(), caller.user.clone().into());
+    if let Some(uid) = &caller.uid {
+        s.insert("uid".into(), uid.clone().into());
+    }
     s.insert("groups".into(), json!(caller.groups));
     if let Some(id) = &caller.credential_id {
         s.insert(

@@ -71,14 +71,6 @@ fn forbidden(caller: &Caller, plural: &str, group: &str) -> Response<Body> {
     )
 }
 
-/// The uid the recorded cluster's token file gives each static-token user.
-fn uid_of(user: &str) -> String {
-    match user.strip_prefix("system:node:") {
-        Some(node) => format!("node-{node}"),
-        None => user.to_string(),
-    }
-}
-
 /// `POST /apis/authentication.k8s.io/v1/tokenreviews`.
 pub(super) fn token_review(state: &State, caller: &Caller, body: &[u8]) -> Response<Body> {
     if !may_review(caller) {
@@ -104,17 +96,17 @@ pub(super) fn token_review(state: &State, caller: &Caller, body: &[u8]) -> Respo
         .unwrap_or_default();
     let static_user = lock(&state.tokens).get(&token).cloned();
     let who = match static_user {
-        Some(u) => Some((token_caller(&u), Some(uid_of(&u)))),
-        None => bootstrap_caller(state, &token).map(|c| (c, None)),
+        Some(u) => Some(token_caller(&u)),
+        None => bootstrap_caller(state, &token),
     };
     // Static and bootstrap tokens are valid for the apiserver's own audience only.
     let audience_ok = audiences.is_empty() || audiences.iter().any(|a| a == API_AUDIENCE);
     let mut st = Map::new();
     match who.filter(|_| audience_ok) {
-        Some((c, uid)) => {
+        Some(c) => {
             let mut user = Map::new();
             user.insert("username".into(), c.user.into());
-            if let Some(uid) = uid {
+            if let Some(uid) = c.uid {
                 user.insert("uid".into(), uid.into());
             }
             user.insert("groups".into(), json!(c.groups));
@@ -122,8 +114,10 @@ pub(super) fn token_review(state: &State, caller: &Caller, body: &[u8]) -> Respo
             st.insert("user".into(), Value::Object(user));
             st.insert("audiences".into(), json!([API_AUDIENCE]));
         }
+        // Fixture `tokenreview_bogus_as_node`.
         None => {
             st.insert("user".into(), json!({}));
+            st.insert("error".into(), "invalid bearer token".into());
         }
     }
     let mut spec = Map::new();
@@ -136,7 +130,7 @@ pub(super) fn token_review(state: &State, caller: &Caller, body: &[u8]) -> Respo
         &json!({
             "kind": "TokenReview",
             "apiVersion": "authentication.k8s.io/v1",
-            "metadata": {"creationTimestamp": null},
+            "metadata": {},
             "spec": Value::Object(spec),
             "status": Value::Object(st),
         }),
@@ -193,7 +187,7 @@ pub(super) fn subject_access_review(state: &State, caller: &Caller, body: &[u8])
         &json!({
             "kind": "SubjectAccessReview",
             "apiVersion": "authorization.k8s.io/v1",
-            "metadata": {"creationTimestamp": null},
+            "metadata": {},
             "spec": spec,
             "status": Value::Object(st),
         }),
