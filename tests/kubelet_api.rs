@@ -91,7 +91,18 @@ async fn env(cfg: KubeletApiConfig) -> Env {
         ..cfg
     };
     let reviewer = Reviewer::new(client, "edge-1", CacheTtl::default());
-    let api = Arc::new(KubeletApi::new(&cfg, reviewer, store.clone(), &data, serving).unwrap());
+    let api = Arc::new(
+        KubeletApi::new(
+            &cfg,
+            "edge-1",
+            None,
+            reviewer,
+            store.clone(),
+            &data,
+            serving,
+        )
+        .unwrap(),
+    );
     let listener = KubeletApi::bind("127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();

@@ -242,4 +242,69 @@ async fn kubectl_logs_through_the_node_api_of_a_running_edgehub() {
         .await
         .unwrap();
     assert_eq!(code, 400, "no previous attempt yet");
+
+    // Stats: the numbers containerd reports, bracketed by asking it before and after.
+    use edgehub::cri::{labels, CriClient};
+    let cri = CriClient::new(&_run.socket);
+    let filter = std::collections::HashMap::from([(labels::NODE.to_string(), node.clone())]);
+    let cpu_of = |stats: &[edgehub::cri::api::ContainerStats]| -> u64 {
+        stats
+            .iter()
+            .find(|s| {
+                s.attributes
+                    .as_ref()
+                    .and_then(|a| a.labels.get(labels::CONTAINER_NAME))
+                    == Some(&"app".to_string())
+            })
+            .and_then(|s| s.cpu.as_ref()?.usage_core_nano_seconds.as_ref())
+            .map(|v| v.value)
+            .expect("containerd reports app's CPU")
+    };
+    let before = cpu_of(&cri.list_container_stats(filter.clone()).await.unwrap());
+    let (code, text) = get(node_api, &s.pki.ca_pem, "/metrics/resource")
+        .await
+        .unwrap();
+    let after = cpu_of(&cri.list_container_stats(filter.clone()).await.unwrap());
+    assert_eq!(code, 200, "{text}");
+    let value = |name: &str| -> f64 {
+        let prefix = format!("{name}{{container=\"app\",namespace=\"{NS}\",pod=\"talker\"}} ");
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&prefix))
+            .unwrap_or_else(|| panic!("no {prefix} in:\n{text}"));
+        line[prefix.len()..]
+            .split(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let cpu = value("container_cpu_usage_seconds_total");
+    assert!(
+        before as f64 / 1e9 - 1e-9 <= cpu && cpu <= after as f64 / 1e9 + 1e-9,
+        "{before} <= {cpu} s <= {after}"
+    );
+    assert!(value("container_memory_working_set_bytes") > 0.0);
+    assert!(text.contains("\nnode_cpu_usage_seconds_total "), "{text}");
+    assert!(text.contains("\nscrape_error 0\n"), "{text}");
+    let before = cpu_of(&cri.list_container_stats(filter.clone()).await.unwrap());
+    let (code, body) = get(node_api, &s.pki.ca_pem, "/stats/summary")
+        .await
+        .unwrap();
+    let after = cpu_of(&cri.list_container_stats(filter).await.unwrap());
+    assert_eq!(code, 200, "{body}");
+    let summary: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(summary["node"]["nodeName"], node.as_str());
+    let pod = summary["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["podRef"]["name"] == "talker")
+        .unwrap_or_else(|| panic!("no talker in {body}"));
+    assert_eq!(pod["podRef"]["namespace"], NS);
+    let c = &pod["containers"][0];
+    assert_eq!(c["name"], "app");
+    let n = c["cpu"]["usageCoreNanoSeconds"].as_u64().unwrap();
+    assert!(before <= n && n <= after, "{before} <= {n} <= {after}");
+    assert!(c["memory"]["workingSetBytes"].as_u64().unwrap() > 0);
 }

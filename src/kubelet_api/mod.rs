@@ -1,5 +1,5 @@
-//! The node's API on port 10250, where the apiserver calls a kubelet: `kubectl logs` from
-//! the cloud. A thin hyper server over rustls, with its own limits (none shared with the
+//! The node's API on port 10250, where the apiserver calls a kubelet: `kubectl logs` and
+//! `kubectl top` from the cloud. A thin hyper server over rustls, with its own limits (none shared with the
 //! local OTA API).
 //!
 //! - **TLS** with the serving certificate [`crate::identity::serving`] publishes (a
@@ -11,14 +11,16 @@
 //!   ([`reviews`]). Neither: 401.
 //! - **Authorization** of every request by SubjectAccessReviews for the `nodes`
 //!   subresource the kubelet would check ([`authz`]). Denied: 403.
-//! - **Routes:** `/healthz`, `/containerLogs/{ns}/{pod}/{container}` ([`logs`]); anything
-//!   else 404, as the kubelet answers.
+//! - **Routes:** `/healthz`, `/containerLogs/{ns}/{pod}/{container}` ([`logs`]),
+//!   `/metrics/resource` and `/stats/summary` from the CRI's container stats ([`stats`]);
+//!   anything else 404, as the kubelet answers.
 //! - **Limits:** connections and log streams are bounded; a handshake, a request's headers
 //!   and a follow with nothing new all end after the idle timeout.
 
 pub mod authz;
 pub mod logs;
 pub mod reviews;
+pub mod stats;
 
 use crate::identity::serving::{ServingPair, ServingWatch};
 use crate::store::Store;
@@ -229,6 +231,9 @@ fn cert_user(der: &[u8]) -> Option<User> {
 
 /// The node's API.
 pub struct KubeletApi {
+    node_name: String,
+    /// The runtime, for `/stats/summary` and `/metrics/resource`.
+    cri: Option<crate::cri::CriClient>,
     reviewer: Reviewer,
     store: Arc<Store>,
     data_dir: PathBuf,
@@ -239,14 +244,19 @@ pub struct KubeletApi {
 }
 
 impl KubeletApi {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         cfg: &KubeletApiConfig,
+        node_name: &str,
+        cri: Option<crate::cri::CriClient>,
         reviewer: Reviewer,
         store: Arc<Store>,
         data_dir: &Path,
         serving: ServingWatch,
     ) -> Result<KubeletApi, KubeletApiError> {
         Ok(KubeletApi {
+            node_name: node_name.to_string(),
+            cri,
             reviewer,
             store,
             data_dir: data_dir.to_path_buf(),
@@ -382,12 +392,62 @@ impl KubeletApi {
         let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
         match (method, segs.as_slice()) {
             ("GET", ["healthz"]) => text(200, "ok"),
+            ("GET", ["metrics", "resource"]) => self.stats(true).await,
+            ("GET", ["stats", "summary"]) => self.stats(false).await,
             ("GET", ["containerLogs", ns, pod, container])
                 if !ns.is_empty() && !pod.is_empty() && !container.is_empty() =>
             {
                 self.container_logs(ns, pod, container, query).await
             }
             _ => text(404, "404 page not found\n"),
+        }
+    }
+
+    /// `/metrics/resource` (`metrics`) or `/stats/summary`: this node's containers as the
+    /// runtime reports them, and the node from `/proc`.
+    async fn stats(&self, metrics: bool) -> Response<Body> {
+        let mut error = false;
+        let containers = match &self.cri {
+            Some(cri) => {
+                let filter = std::collections::HashMap::from([(
+                    crate::cri::labels::NODE.to_string(),
+                    self.node_name.clone(),
+                )]);
+                match cri.list_container_stats(filter).await {
+                    Ok(s) => s.iter().filter_map(stats::container_sample).collect(),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "node API: ListContainerStats failed");
+                        error = true;
+                        Vec::new()
+                    }
+                }
+            }
+            None => Vec::new(),
+        };
+        let node = stats::node_sample();
+        if metrics {
+            let mut r = text(
+                200,
+                stats::metrics_resource(node.as_ref(), &containers, error || node.is_none()),
+            );
+            r.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
+            );
+            r
+        } else if error {
+            text(
+                500,
+                "Internal Error: the runtime's container stats are unavailable",
+            )
+        } else {
+            let body = stats::summary(&self.node_name, node.as_ref(), &containers);
+            let mut r = text(200, body.to_string());
+            r.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static("application/json"),
+            );
+            r
         }
     }
 

@@ -300,6 +300,8 @@ async fn start_node_api(
     );
     let api = Arc::new(KubeletApi::new(
         &config.node_api,
+        &config.node_name,
+        Some(edgehub::cri::CriClient::new(&config.cri_socket)),
         reviewer,
         store.clone(),
         &config.data_dir,
