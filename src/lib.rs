@@ -31,6 +31,7 @@ pub mod failpoint;
 pub mod identity;
 pub mod images;
 pub mod kube;
+pub mod kubelet_api;
 pub mod link;
 pub mod local_client;
 pub mod logs;

@@ -370,6 +370,70 @@ pub struct Decoder {
     skipping: bool,
     /// Records that were not the runtime's format, skipped.
     pub malformed: u64,
+    /// What the kubelet's log options add: timestamps, a start time.
+    pub shape: Shape,
+    /// The next output starts a line (for the timestamp).
+    mid_line: bool,
+}
+
+/// How records come out beyond their content, as the kubelet's `timestamps` and
+/// `sinceSeconds`/`sinceTime` ask.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Shape {
+    /// Each line starts with its record's timestamp and a space.
+    pub timestamps: bool,
+    /// Records stamped before this (unix nanoseconds) are left out.
+    pub since_nanos: Option<i128>,
+}
+
+/// An RFC 3339 timestamp (`2026-11-30T23:12:43.713137255Z`, or with a `+hh:mm` offset) as
+/// unix nanoseconds; `None` when it is not one.
+pub fn rfc3339_nanos(t: &str) -> Option<i128> {
+    let b = t.as_bytes();
+    if !looks_like_rfc3339(t) || b.len() < 20 || b[16] != b':' {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| -> Option<i64> { t.get(r)?.parse().ok() };
+    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (h, mi, s) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    let mut rest = &t[19..];
+    let mut nanos: i64 = 0;
+    if let Some(frac) = rest.strip_prefix('.') {
+        let digits = frac.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return None;
+        }
+        let mut f: String = frac[..digits.min(9)].to_string();
+        while f.len() < 9 {
+            f.push('0');
+        }
+        nanos = f.parse().ok()?;
+        rest = &frac[digits..];
+    }
+    let offset: i64 = match rest {
+        "Z" | "z" => 0,
+        o if o.len() == 6 && (o.starts_with('+') || o.starts_with('-')) && &o[3..4] == ":" => {
+            let hh: i64 = o[1..3].parse().ok()?;
+            let mm: i64 = o[4..6].parse().ok()?;
+            let v = hh * 3600 + mm * 60;
+            if o.starts_with('-') {
+                -v
+            } else {
+                v
+            }
+        }
+        _ => return None,
+    };
+    // Days from 1970-01-01 to a civil date (Howard Hinnant's days_from_civil).
+    let yy = if mo <= 2 { y - 1 } else { y };
+    let era = yy.div_euclid(400);
+    let yoe = yy - era * 400;
+    let mp = (mo + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + h * 3600 + mi * 60 + s - offset;
+    Some(secs as i128 * 1_000_000_000 + nanos as i128)
 }
 
 impl Decoder {
@@ -406,9 +470,22 @@ impl Decoder {
     fn emit(&mut self, line: &[u8], out: &mut Vec<u8>) {
         match parse_record(line) {
             Ok(r) => {
+                if let Some(since) = self.shape.since_nanos {
+                    // A record whose stamp cannot be read is kept, as the kubelet keeps it.
+                    if rfc3339_nanos(r.timestamp).is_some_and(|t| t < since) {
+                        return;
+                    }
+                }
+                if self.shape.timestamps && !self.mid_line {
+                    out.extend_from_slice(r.timestamp.as_bytes());
+                    out.push(b' ');
+                }
                 out.extend_from_slice(r.content);
-                if !r.partial {
+                if r.partial {
+                    self.mid_line = true;
+                } else {
                     out.push(b'\n');
+                    self.mid_line = false;
                 }
             }
             Err(_) => self.malformed += 1,
@@ -572,6 +649,11 @@ impl<R: Read + Seek> LogReader<R> {
         let n = self.file.read(&mut self.buf)?;
         self.decoder.feed(&self.buf[..n], out);
         Ok(n)
+    }
+
+    /// Sets what each record adds beyond its content (timestamps, a start time).
+    pub fn set_shape(&mut self, shape: Shape) {
+        self.decoder.shape = shape;
     }
 
     /// Records skipped because they were not in the runtime's format.

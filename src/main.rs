@@ -169,6 +169,11 @@ struct ControllerArgs {
     /// secret/<namespace>/<name>), and deny the rest. Off without it.
     #[arg(long, value_name = "KIND/NAMESPACE/NAME")]
     attest_fleet_ca: Option<edgehub::controller::approve::CaSource>,
+    /// Approve nodes' serving certificates (signer kubernetes.io/kubelet-serving) when the
+    /// node itself asks for addresses its Node reports, and deny the rest. Off without it:
+    /// they wait for `kubectl certificate approve`.
+    #[arg(long)]
+    approve_serving_certs: bool,
 }
 
 fn main() -> ExitCode {
@@ -354,6 +359,7 @@ fn controller(cli: &Cli, args: &ControllerArgs) -> anyhow::Result<()> {
         },
         resync: Duration::from_secs(args.resync_secs.max(1)),
         attest_fleet_ca: args.attest_fleet_ca.clone(),
+        approve_serving: args.approve_serving_certs,
         ..controller::Options::default()
     };
     if opts.lease.renew_deadline >= opts.lease.lease_duration {

@@ -154,6 +154,9 @@ const VENDORED: &[&str] = &[
     "csr_renew_as_node",
     "csr_renew_as_node_issued",
     "csr_renewed_cert_whoami",
+    "csr_serving_create_as_node",
+    "csr_serving_for_other_node_forbidden",
+    "csr_serving_pending_as_node",
     "csr_short_lived_600s",
     "csr_short_lived_600s_issued",
     "csr_watch_timeout_bookmark",
@@ -208,10 +211,15 @@ const VENDORED: &[&str] = &[
     "pods_watch_with_bookmark",
     "pods_watchlist_initial_events",
     "rbac_clusterrole_edgehub",
+    "sar_admin_nodes_proxy_allowed_as_node",
+    "sar_node_nodes_log_denied_as_node",
+    "sar_user_nodes_proxy_denied_as_node",
     "secrets_list_forbidden_as_node",
     "serviceaccount_token_for_pod_as_node",
     "serviceaccount_token_unbound_forbidden",
     "serviceaccount_token_wrong_audience_forbidden",
+    "tokenreview_bogus_as_node",
+    "tokenreview_valid_as_node",
     "unauthorized_bad_token",
 ];
 
@@ -769,4 +777,69 @@ async fn watches_stream_as_recorded() {
         .as_str()
         .unwrap()
         .starts_with("too old resource version: 1"));
+}
+
+/// The reviews a kubelet's server asks for, and a kubelet-serving CSR, as the node: the
+/// fake answers as the recording did (TokenReview from its token table, SubjectAccessReview
+/// from its RBAC, the serving CSR left pending, NodeRestriction for another node's name).
+#[tokio::test]
+async fn kubelet_api_reviews_and_serving_csrs_answer_as_recorded() {
+    let s = server().await;
+    s.add_token("jane-token", "jane");
+    // The recorded TokenReview carried the admin token, redacted in the file.
+    let mut body = fixture("tokenreview_valid_as_node")["request"]["body"].clone();
+    body["spec"]["token"] = json!(ADMIN_TOKEN);
+    let (code, got, want) = replay(&s, "tokenreview_valid_as_node", Some(body)).await;
+    assert_same("tokenreview_valid_as_node", code, &got, &want);
+    assert_eq!(got["status"], want["body"]["status"]);
+    let (code, got, want) = replay(&s, "tokenreview_bogus_as_node", None).await;
+    assert_same("tokenreview_bogus_as_node", code, &got, &want);
+    assert_eq!(got["status"], want["body"]["status"]);
+    assert_eq!(got["spec"], want["body"]["spec"]);
+    for name in [
+        "sar_admin_nodes_proxy_allowed_as_node",
+        "sar_user_nodes_proxy_denied_as_node",
+        "sar_node_nodes_log_denied_as_node",
+    ] {
+        let (code, got, want) = replay(&s, name, None).await;
+        assert_same(name, code, &got, &want);
+        assert_eq!(got["status"], want["body"]["status"], "{name}");
+        assert_eq!(got["spec"], want["body"]["spec"], "{name}");
+    }
+    let (code, got, want) = replay(&s, "csr_serving_create_as_node", None).await;
+    // A generated name: the same prefix, not the same name.
+    assert_eq!(code, 201, "{got}");
+    assert_eq!(keys(&got), keys(&want["body"]));
+    assert_eq!(
+        got["metadata"]["generateName"],
+        want["body"]["metadata"]["generateName"]
+    );
+    assert!(got["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .starts_with("csr-"));
+    assert_eq!(keys(&got["spec"]), keys(&want["body"]["spec"]));
+    for f in ["signerName", "usages", "username", "uid", "groups"] {
+        assert_eq!(got["spec"][f], want["body"]["spec"][f], "spec.{f}");
+    }
+    // Read back later: still pending.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let name = got["metadata"]["name"].as_str().unwrap();
+    let (code, got) = s
+        .raw(
+            Some(NODE_TOKEN),
+            "GET",
+            &format!("/apis/certificates.k8s.io/v1/certificatesigningrequests/{name}"),
+            None,
+            None,
+        )
+        .await
+        .unwrap();
+    let want = fixture("csr_serving_pending_as_node")["response"].clone();
+    assert_eq!(code, 200);
+    assert_eq!(keys(&got), keys(&want["body"]));
+    assert_eq!(got["status"], want["body"]["status"]);
+    let (code, got, want) = replay(&s, "csr_serving_for_other_node_forbidden", None).await;
+    assert_same("csr_serving_for_other_node_forbidden", code, &got, &want);
+    assert_eq!(got["message"], want["body"]["message"]);
 }

@@ -110,6 +110,12 @@ pub(super) struct FileNode {
     pub(super) memory_pressure_mib: Option<u64>,
     pub(super) disk_pressure_percent: Option<u8>,
     pub(super) pid_pressure_percent: Option<u8>,
+    pub(super) node_api_addr: Option<String>,
+    pub(super) node_api_client_ca_file: Option<PathBuf>,
+    pub(super) node_api_self_signed: Option<bool>,
+    pub(super) node_api_max_connections: Option<u64>,
+    pub(super) node_api_max_streams: Option<u64>,
+    pub(super) node_api_idle_timeout_secs: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -57,6 +57,8 @@ pub struct Config {
     pub seal: SealConfig,
     pub images: crate::images::ImagesConfig,
     pub identity: IdentityConfig,
+    /// `[node] node_api_*`: the node's API on port 10250 (off unless `node_api_addr` is set).
+    pub node_api: crate::kubelet_api::KubeletApiConfig,
 }
 
 impl Config {
@@ -272,6 +274,7 @@ impl Config {
 
         let sync = sections::sync(file.sync)?;
         let api = sections::api(file.api, api_addr.is_none())?;
+        let node_api = sections::node_api(&file.node)?;
         let node = sections::node(file.node)?;
         let upgrade = sections::upgrade(file.upgrade)?;
         let report = sections::report(file.report)?;
@@ -295,6 +298,7 @@ impl Config {
             seal,
             images,
             identity,
+            node_api,
         })
     }
 }

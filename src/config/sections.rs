@@ -9,6 +9,7 @@ use super::file::{
 use super::{invalid, ConfigError};
 use crate::api::ApiConfig;
 use crate::identity::IdentityConfig;
+use crate::kubelet_api::KubeletApiConfig;
 use crate::logs::LogsConfig;
 use crate::node::NodeConfig;
 use crate::outbox::ReportConfig;
@@ -131,7 +132,58 @@ pub(super) fn api(a: FileApi, tcp_off: bool) -> Result<ApiConfig, ConfigError> {
     Ok(api)
 }
 
+/// `[node] node_api_*`: the node's API on port 10250. Absent or empty: off. An IP alone
+/// listens on the kubelet's port.
+pub(super) fn node_api(n: &FileNode) -> Result<KubeletApiConfig, ConfigError> {
+    let d = KubeletApiConfig::default();
+    let addr = match n.node_api_addr.as_deref().map(str::trim) {
+        None | Some("") => None,
+        Some(a) => Some(
+            a.parse::<std::net::SocketAddr>()
+                .or_else(|_| {
+                    a.parse::<std::net::IpAddr>()
+                        .map(|ip| std::net::SocketAddr::new(ip, crate::kubelet_api::DEFAULT_PORT))
+                })
+                .map_err(|_| {
+                    invalid(
+                        "node.node_api_addr",
+                        format!("{a:?} is not an IP or IP:port address (e.g. 0.0.0.0:10250)"),
+                    )
+                })?,
+        ),
+    };
+    if let Some(p) = &n.node_api_client_ca_file {
+        absolute("node.node_api_client_ca_file", p)?;
+    }
+    let count = |field: &str, v: Option<u64>, default: usize| -> Result<usize, ConfigError> {
+        Ok(between(field, v, default as u64, 1, 1_024)? as usize)
+    };
+    Ok(KubeletApiConfig {
+        addr,
+        client_ca_file: n.node_api_client_ca_file.clone(),
+        self_signed: n.node_api_self_signed.unwrap_or(false),
+        max_connections: count(
+            "node.node_api_max_connections",
+            n.node_api_max_connections,
+            d.max_connections,
+        )?,
+        max_streams: count(
+            "node.node_api_max_streams",
+            n.node_api_max_streams,
+            d.max_streams,
+        )?,
+        idle_timeout: Duration::from_secs(between(
+            "node.node_api_idle_timeout_secs",
+            n.node_api_idle_timeout_secs,
+            d.idle_timeout.as_secs(),
+            1,
+            3_600,
+        )?),
+    })
+}
+
 pub(super) fn node(n: FileNode) -> Result<NodeConfig, ConfigError> {
+    let kubelet_port = node_api(&n)?.addr.map(|a| a.port());
     let labels = n.labels.unwrap_or_default();
     for (k, v) in &labels {
         check_node_label(k, v).map_err(|r| invalid("node.labels", format!("{k:?}: {r}")))?;
@@ -203,6 +255,7 @@ pub(super) fn node(n: FileNode) -> Result<NodeConfig, ConfigError> {
         memory_pressure_bytes: mib("node.memory_pressure_mib", n.memory_pressure_mib, 100)?,
         disk_pressure_percent: pct("node.disk_pressure_percent", n.disk_pressure_percent, 10)?,
         pid_pressure_percent: pct("node.pid_pressure_percent", n.pid_pressure_percent, 90)?,
+        kubelet_port,
     })
 }
 

@@ -514,3 +514,60 @@ fn image_gc_thresholds_are_read_and_checked() {
         assert!(field_of(e).starts_with("images.gc_"), "{bad}");
     }
 }
+
+#[test]
+fn the_node_api_is_off_unless_an_address_is_given() {
+    let c = resolve(None, &[], &Overrides::default()).unwrap();
+    assert_eq!(c.node_api.addr, None);
+    assert_eq!(c.node.kubelet_port, None);
+    let c = resolve(
+        Some("[node]\nnode_api_addr = \"\"\n"),
+        &[],
+        &Overrides::default(),
+    )
+    .unwrap();
+    assert_eq!(c.node_api.addr, None);
+    // An IP alone: the kubelet's port, advertised by the Node.
+    let c = resolve(
+        Some("[node]\nnode_api_addr = \"0.0.0.0\"\nnode_api_client_ca_file = \"/etc/edgehub/client-ca.crt\"\nnode_api_max_streams = 2\n"),
+        &[],
+        &Overrides::default(),
+    )
+    .unwrap();
+    assert_eq!(c.node_api.addr, Some("0.0.0.0:10250".parse().unwrap()));
+    assert_eq!(c.node.kubelet_port, Some(10250));
+    assert_eq!(
+        c.node_api.client_ca_file.as_deref(),
+        Some(Path::new("/etc/edgehub/client-ca.crt"))
+    );
+    assert_eq!(c.node_api.max_streams, 2);
+    assert!(!c.node_api.self_signed);
+    let c = resolve(
+        Some("[node]\nnode_api_addr = \"10.0.2.15:11250\"\nnode_api_self_signed = true\n"),
+        &[],
+        &Overrides::default(),
+    )
+    .unwrap();
+    assert_eq!(c.node.kubelet_port, Some(11250));
+    assert!(c.node_api.self_signed);
+    for (bad, field) in [
+        ("node_api_addr = \"edge-1\"", "node.node_api_addr"),
+        (
+            "node_api_client_ca_file = \"ca.crt\"",
+            "node.node_api_client_ca_file",
+        ),
+        ("node_api_max_streams = 0", "node.node_api_max_streams"),
+        (
+            "node_api_idle_timeout_secs = 0",
+            "node.node_api_idle_timeout_secs",
+        ),
+    ] {
+        let e = resolve(
+            Some(&format!("[node]\n{bad}\n")),
+            &[],
+            &Overrides::default(),
+        )
+        .unwrap_err();
+        assert_eq!(field_of(e), field, "{bad}");
+    }
+}

@@ -65,6 +65,9 @@ pub struct Options {
     /// Attested approval of first node certificates against the fleet CA found here (opt-in;
     /// `None`: off, CSRs are left to the cluster's approvers).
     pub attest_fleet_ca: Option<super::approve::CaSource>,
+    /// Approve nodes' kubelet-serving CSRs for the addresses their Node reports, deny the
+    /// rest (opt-in; off: they wait for `kubectl certificate approve`).
+    pub approve_serving: bool,
 }
 
 impl Default for Options {
@@ -80,6 +83,7 @@ impl Default for Options {
             resync: Duration::from_secs(300),
             debounce: Duration::from_millis(100),
             attest_fleet_ca: None,
+            approve_serving: false,
         }
     }
 }
@@ -250,9 +254,19 @@ pub async fn run(
             stop_rx.clone(),
         ))
     });
+    let serving_approver = opts.approve_serving.then(|| {
+        tokio::spawn(super::approve::run_serving(
+            client.clone(),
+            metrics.clone(),
+            stop_rx.clone(),
+        ))
+    });
     let controller = async {
         run_controller(client, &opts, metrics.clone(), ready, stop_rx).await;
         if let Some(a) = approver {
+            let _ = a.await;
+        }
+        if let Some(a) = serving_approver {
             let _ = a.await;
         }
     };

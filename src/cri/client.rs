@@ -97,6 +97,27 @@ impl CriClient {
             .map(PathBuf::from))
     }
 
+    /// The runtime's statistics of the containers whose labels include `labels` (CRI
+    /// `ListContainerStats`): CPU time, memory working set, writable layer.
+    pub async fn list_container_stats(
+        &self,
+        labels: HashMap<String, String>,
+    ) -> Result<Vec<api::ContainerStats>, CriError> {
+        let mut c = self.runtime.clone();
+        let msg = api::ListContainerStatsRequest {
+            filter: Some(api::ContainerStatsFilter {
+                label_selector: labels,
+                ..Default::default()
+            }),
+        };
+        Ok(self
+            .call("ListContainerStats", CALL, || {
+                c.list_container_stats(req(msg, CALL))
+            })
+            .await?
+            .stats)
+    }
+
     /// `containerd://1.6.20`, as a Node's nodeInfo carries it.
     pub fn runtime_version_string(v: &api::VersionResponse) -> String {
         format!("{}://{}", v.runtime_name, v.runtime_version)

@@ -104,6 +104,39 @@ pub fn parse(der: &[u8]) -> Result<CertTimes, String> {
     })
 }
 
+/// The subject of a DER certificate as the apiserver's x509 authenticator reads it: the CN
+/// is the user, each O a group.
+pub fn subject_user(der: &[u8]) -> Result<(Option<String>, Vec<String>), String> {
+    let (_, cert, _) = tlv(der)?;
+    let (_, tbs, _) = tlv(cert)?;
+    let (tag, _, mut rest) = tlv(tbs)?;
+    if tag == 0xa0 {
+        (_, _, rest) = tlv(rest)?; // the serial
+    }
+    let (_, _, rest) = tlv(rest)?; // signature algorithm
+    let (_, _, rest) = tlv(rest)?; // issuer
+    let (_, _, rest) = tlv(rest)?; // validity
+    let (_, subject, _) = tlv(rest)?;
+    const O: &[u8] = &[0x55, 0x04, 0x0a];
+    let mut orgs = Vec::new();
+    let mut name = subject;
+    while !name.is_empty() {
+        let (_, set, r) = tlv(name)?;
+        name = r;
+        let mut set = set;
+        while !set.is_empty() {
+            let (_, atv, r) = tlv(set)?;
+            set = r;
+            let (_, oid, vr) = tlv(atv)?;
+            if oid == O {
+                let (_, value, _) = tlv(vr)?;
+                orgs.push(String::from_utf8_lossy(value).into_owned());
+            }
+        }
+    }
+    Ok((common_name(subject)?, orgs))
+}
+
 /// The CN of a Name (SEQUENCE of SET of SEQUENCE { OID, value }).
 fn common_name(mut name: &[u8]) -> Result<Option<String>, String> {
     const CN: &[u8] = &[0x55, 0x04, 0x03];

@@ -11,6 +11,12 @@ pub fn credential_path(data_dir: &Path) -> PathBuf {
     data_dir.join("identity").join("node-client.pem")
 }
 
+/// The serving certificate file under `data_dir` (certificate then key, as the credential
+/// file; the kubelet's `kubelet-server-current.pem`).
+pub fn serving_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("identity").join("node-serving.pem")
+}
+
 /// Writes `contents` to `path` atomically, mode 0600, the directory made 0700 if missing.
 /// Returns the bytes written (what a rotation costs the flash).
 pub fn write_private(path: &Path, contents: &[u8]) -> std::io::Result<u64> {

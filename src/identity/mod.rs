@@ -25,6 +25,7 @@ pub mod csr;
 pub mod files;
 pub mod handover;
 pub mod request;
+pub mod serving;
 pub mod status;
 
 use crate::backoff::BackoffPolicy;

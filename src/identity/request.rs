@@ -124,6 +124,15 @@ pub async fn obtain(
             })?;
         req.object["metadata"]["annotations"][crate::attest::ANNOTATION] = a.into();
     }
+    submit(client, req, node_name).await
+}
+
+/// Creates the CSR `req` holds with `client` and waits for its certificate (any signer).
+pub async fn submit(
+    client: &ApiClient,
+    req: csr::Request,
+    node_name: &str,
+) -> Result<Issued, RequestError> {
     let body = serde_json::to_vec(&req.object).map_err(|e| RequestError::Bad {
         name: "node-csr-".into(),
         reason: e.to_string(),
@@ -143,7 +152,12 @@ pub async fn obtain(
         .and_then(Value::as_str)
         .unwrap_or("")
         .to_string();
-    tracing::info!(csr = %name, node = node_name, "certificate signing request created; waiting for approval and signing");
+    let signer = req
+        .object
+        .pointer("/spec/signerName")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    tracing::info!(csr = %name, node = node_name, signer, "certificate signing request created; waiting for approval and signing");
     let bad = |reason: String| RequestError::Bad {
         name: name.clone(),
         reason,

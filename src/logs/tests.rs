@@ -387,3 +387,50 @@ fn log_paths_come_only_from_names_that_stay_in_their_directory() {
         assert_eq!(pod_log_dir(data, bad), None, "{bad:?}");
     }
 }
+
+#[test]
+fn rfc3339_stamps_as_unix_nanoseconds() {
+    assert_eq!(rfc3339_nanos("1970-01-01T00:00:00Z"), Some(0));
+    assert_eq!(
+        rfc3339_nanos("2026-11-29T18:42:49.5Z"),
+        Some(1_795_977_769_500_000_000)
+    );
+    assert_eq!(
+        rfc3339_nanos("2026-11-29T20:42:49.000000001+02:00"),
+        Some(1_795_977_769_000_000_001)
+    );
+    assert_eq!(rfc3339_nanos("2026-11-29T18:42:49"), None);
+    assert_eq!(rfc3339_nanos("yesterday"), None);
+    assert_eq!(rfc3339_nanos("2026-11-29T18:42:49.Z"), None);
+}
+
+#[test]
+fn timestamps_start_lines_and_since_leaves_older_records_out() {
+    let file = "2026-11-30T10:00:00.000000001Z stdout F old\n\
+                2026-11-30T10:00:05Z stdout P new \n\
+                2026-11-30T10:00:06Z stdout F and whole\n\
+                2026-11-30T10:00:07Z stderr F last\n";
+    let mut d = Decoder {
+        shape: Shape {
+            timestamps: true,
+            since_nanos: None,
+        },
+        ..Decoder::default()
+    };
+    let mut out = Vec::new();
+    d.feed(file.as_bytes(), &mut out);
+    assert_eq!(
+        String::from_utf8(out).unwrap(),
+        "2026-11-30T10:00:00.000000001Z old\n2026-11-30T10:00:05Z new and whole\n2026-11-30T10:00:07Z last\n"
+    );
+    let mut d = Decoder {
+        shape: Shape {
+            timestamps: false,
+            since_nanos: rfc3339_nanos("2026-11-30T10:00:05Z"),
+        },
+        ..Decoder::default()
+    };
+    let mut out = Vec::new();
+    d.feed(file.as_bytes(), &mut out);
+    assert_eq!(String::from_utf8(out).unwrap(), "new and whole\nlast\n");
+}

@@ -89,6 +89,10 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
         config.node.clone(),
         config.node_name.clone(),
     );
+    let node_api_task = match config.node_api.addr {
+        Some(addr) => Some(start_node_api(&config, &client, &store, addr, &shutdown_rx).await?),
+        None => None,
+    };
     // The pod runtime: runs the cached pods through the CRI, with or without the link.
     let mut reconciler = runtime::Reconciler::new(
         CriClient::new(&config.cri_socket),
@@ -225,6 +229,10 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
     if let Some(t) = identity_task {
         let _ = t.await;
     }
+    if let Some((cert, server)) = node_api_task {
+        let _ = cert.await;
+        let _ = server.await;
+    }
     sync.join().await;
     tracing::info!("stopped");
     Ok(())
@@ -267,4 +275,56 @@ impl Signals {
             }
         }
     }
+}
+
+/// The node's API on port 10250 (`[node] node_api_addr`): the serving-certificate task (a
+/// kubelet-serving CSR for the Node's Hostname and InternalIP, or self-signed on opt-in) and
+/// the server, which answers no handshake until a certificate exists.
+async fn start_node_api(
+    config: &Config,
+    client: &edgehub::kube::ApiClient,
+    store: &Arc<Store>,
+    addr: std::net::SocketAddr,
+    shutdown: &tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<(tokio::task::JoinHandle<()>, tokio::task::JoinHandle<()>)> {
+    use edgehub::identity::serving::{Sans, ServingCert};
+    use edgehub::kubelet_api::{reviews, KubeletApi};
+    let apiserver = node::server_host_port(client.server());
+    let node_name = config.node_name.clone();
+    let sans = Arc::new(move || Sans {
+        dns: vec![node_name.clone()],
+        ips: apiserver
+            .as_deref()
+            .and_then(node::local_ip_towards)
+            .into_iter()
+            .collect(),
+    });
+    let (cert, serving) = ServingCert::setup(
+        client.clone(),
+        &config.data_dir,
+        &config.node_name,
+        sans,
+        None,
+        config.node_api.self_signed,
+    )?;
+    let reviewer = reviews::Reviewer::new(
+        client.clone(),
+        &config.node_name,
+        reviews::CacheTtl::default(),
+    );
+    let api = Arc::new(KubeletApi::new(
+        &config.node_api,
+        &config.node_name,
+        Some(edgehub::cri::CriClient::new(&config.cri_socket)),
+        reviewer,
+        store.clone(),
+        &config.data_dir,
+        serving,
+    )?);
+    let listener = KubeletApi::bind(addr).await?;
+    tracing::info!(%addr, "node API listening (served once a serving certificate exists)");
+    Ok((
+        tokio::spawn(cert.run(shutdown.clone())),
+        tokio::spawn(api.serve(listener, shutdown.clone())),
+    ))
 }

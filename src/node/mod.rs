@@ -86,6 +86,9 @@ pub struct NodeConfig {
     pub disk_pressure_percent: u8,
     /// PIDPressure when more than this share of pid_max is in use.
     pub pid_pressure_percent: u8,
+    /// The node API's port, advertised in `status.daemonEndpoints.kubeletEndpoint.Port`
+    /// (`None`: the API is off, 0 is advertised).
+    pub kubelet_port: Option<u16>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]

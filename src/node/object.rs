@@ -162,6 +162,7 @@ pub fn status(
         "allocatable": alloc,
         "conditions": conditions(s, cfg, prev_conditions, now),
         "addresses": addresses,
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": cfg.kubelet_port.unwrap_or(0)}},
         "nodeInfo": {
             "machineID": s.machine_id,
             "systemUUID": s.system_uuid,

@@ -17,6 +17,7 @@ fn cfg() -> NodeConfig {
         memory_pressure_bytes: 100 << 20,
         disk_pressure_percent: 10,
         pid_pressure_percent: 90,
+        kubelet_port: None,
     }
 }
 
@@ -274,4 +275,20 @@ fn a_full_image_filesystem_is_disk_pressure_with_its_reason() {
     full.image_fs_pressure = None;
     let st2 = status(&full, &c, "edge-1", st.get("conditions"), t0);
     assert_eq!(cond(&st2, "DiskPressure")["status"], "False");
+}
+
+#[test]
+fn the_node_advertises_its_apis_port() {
+    let st = status(&sample(), &cfg(), "edge-1", None, "t");
+    assert_eq!(
+        st["daemonEndpoints"],
+        json!({"kubeletEndpoint": {"Port": 0}}),
+        "off: 0, as the recorded Node without a kubelet"
+    );
+    let c = NodeConfig {
+        kubelet_port: Some(10250),
+        ..cfg()
+    };
+    let st = status(&sample(), &c, "edge-1", None, "t");
+    assert_eq!(st["daemonEndpoints"]["kubeletEndpoint"]["Port"], 10250);
 }

@@ -13,12 +13,15 @@
 //! a bootstrap token (`system:bootstrap:<id>` or group `system:bootstrappers`).
 
 mod request;
+pub mod serving;
+mod serving_watch;
 mod watch;
 
 #[cfg(test)]
 mod tests;
 
 pub use request::NodeRequest;
+pub(super) use serving_watch::run as run_serving;
 pub(super) use watch::run;
 pub use watch::{CaSource, CaSourceError};
 

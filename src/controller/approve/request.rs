@@ -2,7 +2,7 @@
 //! whether it asks for subjectAltNames.
 
 use x509_parser::certification_request::X509CertificationRequest;
-use x509_parser::extensions::ParsedExtension;
+use x509_parser::extensions::{GeneralName, ParsedExtension};
 use x509_parser::prelude::FromDer;
 
 /// The node client CSR's subject prefix and organisation.
@@ -26,6 +26,9 @@ pub struct NodeRequest {
     pub rsa: bool,
     /// subjectAltNames the request asks for (a node client certificate has none).
     pub alt_names: usize,
+    /// Of those, the DNS names and IP addresses (what a serving certificate names).
+    pub dns_names: Vec<String>,
+    pub ip_addresses: Vec<std::net::IpAddr>,
 }
 
 /// rsaEncryption, 1.2.840.113549.1.1.1.
@@ -61,12 +64,33 @@ impl NodeRequest {
                 _ => 0,
             })
             .sum();
+        let mut dns_names = Vec::new();
+        let mut ip_addresses = Vec::new();
+        for e in csr.requested_extensions().into_iter().flatten() {
+            if let ParsedExtension::SubjectAlternativeName(san) = e {
+                for n in &san.general_names {
+                    match n {
+                        GeneralName::DNSName(d) => dns_names.push(d.to_string()),
+                        GeneralName::IPAddress(b) => {
+                            if let Ok(v4) = <[u8; 4]>::try_from(*b) {
+                                ip_addresses.push(std::net::IpAddr::from(v4));
+                            } else if let Ok(v6) = <[u8; 16]>::try_from(*b) {
+                                ip_addresses.push(std::net::IpAddr::from(v6));
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
         Ok(NodeRequest {
             common_names,
             organizations,
             spki_der: info.subject_pki.raw.to_vec(),
             rsa: info.subject_pki.algorithm.algorithm.to_id_string() == RSA_OID,
             alt_names,
+            dns_names,
+            ip_addresses,
         })
     }
 

@@ -331,3 +331,171 @@ fn the_recorded_csrs_parse_to_their_node_names() {
     }
     assert_eq!(seen, 4);
 }
+
+mod serving_csrs {
+    use super::super::serving::*;
+    use super::*;
+
+    fn serving(cn: &str, sans: Vec<SanType>) -> String {
+        csr_with(
+            &[
+                (DnType::OrganizationName, "system:nodes"),
+                (DnType::CommonName, cn),
+            ],
+            sans,
+        )
+        .0
+    }
+
+    fn ip(s: &str) -> SanType {
+        SanType::IpAddress(s.parse().unwrap())
+    }
+
+    fn dns(s: &str) -> SanType {
+        SanType::DnsName(s.try_into().unwrap())
+    }
+
+    fn node() -> NodeAddresses {
+        NodeAddresses::from_pairs([
+            ("InternalIP", "10.0.2.15"),
+            ("Hostname", "edge-1"),
+            ("ExternalIP", "not an ip"),
+        ])
+    }
+
+    fn decide_as(user: &str, groups: &[&str], usages: &[&str], request: &str) -> ServingVerdict {
+        let groups = strings(groups);
+        let usages = strings(usages);
+        let v = CsrView {
+            signer: SERVING_SIGNER,
+            username: user,
+            groups: &groups,
+            usages: &usages,
+            decided: false,
+            attestation: None,
+            request: request.as_bytes(),
+        };
+        decide_serving(&v, Some(&node()))
+    }
+
+    const NODES: &[&str] = &["system:nodes", "system:authenticated"];
+    const USAGES: &[&str] = &["server auth", "digital signature"];
+
+    #[test]
+    fn the_nodes_own_addresses_are_approved() {
+        assert_eq!(
+            node().ips,
+            vec!["10.0.2.15".parse::<std::net::IpAddr>().unwrap()]
+        );
+        let r = serving("system:node:edge-1", vec![dns("edge-1"), ip("10.0.2.15")]);
+        assert_eq!(
+            decide_as("system:node:edge-1", NODES, USAGES, &r),
+            ServingVerdict::Approve {
+                node: "edge-1".into()
+            }
+        );
+        // A subset of them too.
+        let r = serving("system:node:edge-1", vec![ip("10.0.2.15")]);
+        assert!(matches!(
+            decide_as("system:node:edge-1", NODES, USAGES, &r),
+            ServingVerdict::Approve { .. }
+        ));
+    }
+
+    #[test]
+    fn anything_else_is_denied_with_a_reason() {
+        let ok = serving("system:node:edge-1", vec![dns("edge-1"), ip("10.0.2.15")]);
+        let reason = |v: ServingVerdict| match v {
+            ServingVerdict::Deny { reason, message } => (reason, message),
+            other => panic!("not denied: {other:?}"),
+        };
+        // An address the Node does not report.
+        let r = serving("system:node:edge-1", vec![ip("10.0.2.15"), ip("8.8.8.8")]);
+        let (why, msg) = reason(decide_as("system:node:edge-1", NODES, USAGES, &r));
+        assert_eq!(why, "AddressesNotTheNodes");
+        assert!(msg.contains("8.8.8.8"), "{msg}");
+        let r = serving("system:node:edge-1", vec![dns("bank.example.com")]);
+        assert_eq!(
+            reason(decide_as("system:node:edge-1", NODES, USAGES, &r)).0,
+            "AddressesNotTheNodes"
+        );
+        // Not the node: a user, or another node's name.
+        assert_eq!(
+            reason(decide_as("jane", &["system:authenticated"], USAGES, &ok)).0,
+            "NotTheNode"
+        );
+        assert_eq!(
+            reason(decide_as(
+                "system:node:edge-1",
+                &["system:authenticated"],
+                USAGES,
+                &ok
+            ))
+            .0,
+            "NotTheNode"
+        );
+        assert_eq!(
+            reason(decide_as("system:node:edge-2", NODES, USAGES, &ok)).0,
+            "NotAServingCSR"
+        );
+        // Client usages, no SANs, an email SAN.
+        assert_eq!(
+            reason(decide_as(
+                "system:node:edge-1",
+                NODES,
+                &["digital signature", "client auth"],
+                &ok
+            ))
+            .0,
+            "NotAServingCSR"
+        );
+        let r = serving("system:node:edge-1", vec![]);
+        assert_eq!(
+            reason(decide_as("system:node:edge-1", NODES, USAGES, &r)).0,
+            "NotAServingCSR"
+        );
+        let r = serving(
+            "system:node:edge-1",
+            vec![
+                ip("10.0.2.15"),
+                SanType::Rfc822Name("a@b.c".try_into().unwrap()),
+            ],
+        );
+        assert_eq!(
+            reason(decide_as("system:node:edge-1", NODES, USAGES, &r)).0,
+            "NotAServingCSR"
+        );
+        assert_eq!(
+            reason(decide_as("system:node:edge-1", NODES, USAGES, "garbage")).0,
+            "CSRMalformed"
+        );
+    }
+
+    #[test]
+    fn other_signers_decided_ones_and_unknown_nodes() {
+        let r = serving("system:node:edge-1", vec![ip("10.0.2.15")]);
+        let groups = strings(NODES);
+        let usages = strings(USAGES);
+        let mut v = CsrView {
+            signer: SIGNER,
+            username: "system:node:edge-1",
+            groups: &groups,
+            usages: &usages,
+            decided: false,
+            attestation: None,
+            request: r.as_bytes(),
+        };
+        assert!(matches!(
+            decide_serving(&v, Some(&node())),
+            ServingVerdict::Skip(_)
+        ));
+        v.signer = SERVING_SIGNER;
+        v.decided = true;
+        assert!(matches!(
+            decide_serving(&v, Some(&node())),
+            ServingVerdict::Skip(_)
+        ));
+        v.decided = false;
+        assert!(matches!(decide_serving(&v, None), ServingVerdict::Wait(_)));
+    }
+}

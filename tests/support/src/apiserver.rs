@@ -50,9 +50,11 @@ pub use write::admit_service_account;
 use write::*;
 mod csr;
 pub use csr::{
-    csrapproving, validate_kubelet_client, Approval, Approver, BootstrapToken, CsrRequest,
-    TestOnlyCertWindow, KUBELET_CLIENT_SIGNER,
+    csrapproving, validate_kubelet_client, validate_kubelet_serving, Approval, Approver,
+    BootstrapToken, CsrRequest, TestOnlyCertWindow, KUBELET_CLIENT_SIGNER, KUBELET_SERVING_SIGNER,
 };
+mod reviews;
+pub use reviews::APISERVER_KUBELET_CLIENT;
 
 type Body = BoxBody<Bytes, std::io::Error>;
 
@@ -295,6 +297,8 @@ struct State {
     certs: Mutex<HashMap<Vec<u8>, csr::CertIdentity>>,
     /// Bootstrap tokens, the CSR approver and signer settings.
     csr: Mutex<csr::CsrState>,
+    /// Who may use the kubelet's API, as the SubjectAccessReviews answer it.
+    reviews: Mutex<reviews::Rbac>,
     pki: Arc<TestPki>,
     /// Bumped to drop every open connection.
     kill_tx: watch::Sender<u64>,

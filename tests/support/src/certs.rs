@@ -79,6 +79,11 @@ pub struct ParsedCsr {
     pub organizations: Vec<String>,
     /// Whether the CSR asks for subject alternative names (a kubelet client CSR may not).
     pub has_sans: bool,
+    /// Its DNS names and IP addresses (what a kubelet serving CSR asks for).
+    pub dns_names: Vec<String>,
+    pub ip_addresses: Vec<std::net::IpAddr>,
+    /// Whether it asks for email, URI or other names (a kubelet serving CSR may not).
+    pub other_sans: bool,
     params: rcgen::CertificateSigningRequestParams,
 }
 
@@ -102,10 +107,23 @@ pub fn parse_csr(pem: &str) -> Result<ParsedCsr, String> {
             _ => {}
         }
     }
+    let mut dns_names = Vec::new();
+    let mut ip_addresses = Vec::new();
+    let mut other_sans = false;
+    for san in &params.params.subject_alt_names {
+        match san {
+            SanType::DnsName(d) => dns_names.push(d.as_str().to_string()),
+            SanType::IpAddress(ip) => ip_addresses.push(*ip),
+            _ => other_sans = true,
+        }
+    }
     Ok(ParsedCsr {
         common_name,
         organizations,
         has_sans: !params.params.subject_alt_names.is_empty(),
+        dns_names,
+        ip_addresses,
+        other_sans,
         params,
     })
 }
@@ -127,13 +145,41 @@ impl TestPki {
         not_before: std::time::SystemTime,
         not_after: std::time::SystemTime,
     ) -> anyhow::Result<Issued> {
+        self.sign(csr, key_encipherment, false, not_before, not_after)
+    }
+
+    /// Signs a CSR as the kubelet-serving signer does: as [`Self::sign_csr`], but Extended Key
+    /// Usage server auth and the CSR's DNS and IP subject alternative names.
+    pub fn sign_serving_csr(
+        &self,
+        csr: &ParsedCsr,
+        key_encipherment: bool,
+        not_before: std::time::SystemTime,
+        not_after: std::time::SystemTime,
+    ) -> anyhow::Result<Issued> {
+        self.sign(csr, key_encipherment, true, not_before, not_after)
+    }
+
+    fn sign(
+        &self,
+        csr: &ParsedCsr,
+        key_encipherment: bool,
+        serving: bool,
+        not_before: std::time::SystemTime,
+        not_after: std::time::SystemTime,
+    ) -> anyhow::Result<Issued> {
         let mut p = CertificateParams::new(Vec::<String>::new())?;
         p.distinguished_name = csr.params.params.distinguished_name.clone();
         p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         if key_encipherment {
             p.key_usages.push(KeyUsagePurpose::KeyEncipherment);
         }
-        p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        if serving {
+            p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+            p.subject_alt_names = csr.params.params.subject_alt_names.clone();
+        } else {
+            p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        }
         p.is_ca = IsCa::ExplicitNoCa;
         p.use_authority_key_identifier_extension = true;
         let mut serial = [0u8; 16];
@@ -168,6 +214,25 @@ pub fn node_csr(cn: &str, org: &str) -> anyhow::Result<(String, String)> {
     Ok((csr.pem()?, key.serialize_pem()))
 }
 
+/// A kubelet serving CSR: a fresh EC P-256 key, subject `O=system:nodes, CN=<cn>`, and the
+/// given DNS names and IP addresses as SANs. Returns (CSR PEM, key PEM).
+pub fn serving_csr(
+    cn: &str,
+    dns: &[&str],
+    ips: &[std::net::IpAddr],
+) -> anyhow::Result<(String, String)> {
+    let key = KeyPair::generate()?;
+    let mut p = CertificateParams::new(dns.iter().map(|d| d.to_string()).collect::<Vec<_>>())?;
+    p.subject_alt_names
+        .extend(ips.iter().map(|ip| SanType::IpAddress(*ip)));
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::OrganizationName, "system:nodes");
+    dn.push(DnType::CommonName, cn);
+    p.distinguished_name = dn;
+    let csr = p.serialize_request(&key)?;
+    Ok((csr.pem()?, key.serialize_pem()))
+}
+
 /// What a test checks in an issued certificate.
 #[derive(Debug, Clone)]
 pub struct CertInfo {
@@ -176,9 +241,12 @@ pub struct CertInfo {
     pub not_before: i64,
     pub not_after: i64,
     pub client_auth: bool,
+    pub server_auth: bool,
     pub digital_signature: bool,
     pub is_ca: bool,
     pub has_san: bool,
+    /// The DNS names and IP addresses among the SANs, as text.
+    pub sans: Vec<String>,
     pub serial_bits: u64,
 }
 
@@ -188,6 +256,21 @@ pub fn cert_info(pem: &str) -> anyhow::Result<CertInfo> {
     let (_, p) = parse_x509_pem(pem.as_bytes())?;
     let c = p.parse_x509()?;
     let eku = c.extended_key_usage()?.map(|e| e.value.client_auth);
+    let server_auth = c.extended_key_usage()?.map(|e| e.value.server_auth);
+    let mut sans = Vec::new();
+    if let Some(s) = c.subject_alternative_name()? {
+        for n in &s.value.general_names {
+            match n {
+                GeneralName::DNSName(d) => sans.push(d.to_string()),
+                GeneralName::IPAddress(b) => match b.len() {
+                    4 => sans.push(std::net::IpAddr::from(<[u8; 4]>::try_from(*b)?).to_string()),
+                    16 => sans.push(std::net::IpAddr::from(<[u8; 16]>::try_from(*b)?).to_string()),
+                    _ => {}
+                },
+                _ => {}
+            }
+        }
+    }
     let ku = c.key_usage()?.map(|k| k.value.digital_signature());
     Ok(CertInfo {
         subject: c.subject().to_string(),
@@ -195,9 +278,11 @@ pub fn cert_info(pem: &str) -> anyhow::Result<CertInfo> {
         not_before: c.validity().not_before.timestamp(),
         not_after: c.validity().not_after.timestamp(),
         client_auth: eku.unwrap_or(false),
+        server_auth: server_auth.unwrap_or(false),
         digital_signature: ku.unwrap_or(false),
         is_ca: c.is_ca(),
         has_san: c.subject_alternative_name()?.is_some(),
+        sans,
         serial_bits: c.serial.bits(),
     })
 }

@@ -12,7 +12,7 @@ pub mod yocto;
 
 pub use apiserver::{
     Approval, Approver, BootstrapToken, CsrRequest, FakeApiServer, TestOnlyCertWindow, ADMIN_TOKEN,
-    NODE_TOKEN, NODE_USER,
+    APISERVER_KUBELET_CLIENT, KUBELET_SERVING_SIGNER, NODE_TOKEN, NODE_USER,
 };
 
 use std::path::PathBuf;

@@ -27,6 +27,7 @@ impl FakeApiServer {
             ])),
             certs: Mutex::new(HashMap::new()),
             csr: Mutex::new(csr::CsrState::default()),
+            reviews: Mutex::new(reviews::Rbac::default()),
             pki: pki.clone(),
             kill_tx,
             rbac_edgehub: AtomicBool::new(true),
@@ -468,6 +469,50 @@ impl FakeApiServer {
     /// (`unauthorized_bad_token`), as when a credential lapses. [`Self::add_token`] restores it.
     pub fn remove_token(&self, token: &str) {
         lock(&self.state.tokens).remove(token);
+    }
+
+    // ---- the kubelet API's reviews ----
+
+    /// Binds `system:kubelet-api-admin` to `user`: SubjectAccessReviews for the kubelet's
+    /// API (`nodes/proxy`, `nodes/log`, `nodes/stats`, ...) about `user` then answer allowed.
+    /// kubeadm binds it to [`APISERVER_KUBELET_CLIENT`], and so does the fake from the start.
+    pub fn bind_kubelet_api_admin(&self, user: &str) {
+        lock(&self.state.reviews).bind_user(user);
+    }
+
+    /// The same for a group.
+    pub fn bind_kubelet_api_admin_group(&self, group: &str) {
+        lock(&self.state.reviews).bind_group(group);
+    }
+
+    /// Removes `user`'s binding.
+    pub fn unbind_kubelet_api_admin(&self, user: &str) {
+        lock(&self.state.reviews).unbind_user(user);
+    }
+
+    /// Issues a client certificate for `user` in `groups` from the fake's CA (as the cluster
+    /// CA signs the apiserver's kubelet-client certificate); the fake authenticates it too.
+    pub fn issue_client_cert(
+        &self,
+        user: &str,
+        groups: &[&str],
+    ) -> anyhow::Result<crate::certs::ClientCert> {
+        let cert = self
+            .pki
+            .client_cert(user, groups.first().copied().unwrap_or(""))?;
+        let mut gs: Vec<String> = groups.iter().map(|g| g.to_string()).collect();
+        gs.push("system:authenticated".into());
+        lock(&self.state.certs).insert(
+            cert.der.clone(),
+            csr::CertIdentity {
+                user: user.to_string(),
+                groups: gs,
+                not_before: std::time::UNIX_EPOCH,
+                not_after: std::time::SystemTime::now() + Duration::from_secs(10 * 365 * 86_400),
+                credential_id: csr::credential_id(&cert.der),
+            },
+        );
+        Ok(cert)
     }
 
     // ---- TLS bootstrap: bootstrap tokens, the CSR approver and signer ----

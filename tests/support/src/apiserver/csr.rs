@@ -24,7 +24,8 @@ pub const CSR: &ResourceType = &super::RESOURCES[super::RESOURCES.len() - 1];
 
 /// The signer of kubelet client certificates.
 pub const KUBELET_CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
-const KUBELET_SERVING_SIGNER: &str = "kubernetes.io/kubelet-serving";
+/// The signer of kubelet serving certificates: never auto-approved by the built-in approver.
+pub const KUBELET_SERVING_SIGNER: &str = "kubernetes.io/kubelet-serving";
 
 /// A bootstrap token, as a `bootstrap.kubernetes.io/token` Secret in kube-system holds it.
 #[derive(Debug, Clone)]
@@ -111,6 +112,8 @@ pub(super) struct CertIdentity {
 #[derive(Debug, Clone)]
 pub(super) struct Caller {
     pub user: String,
+    /// The static token file's uid column (bootstrap tokens and certificates have none).
+    pub uid: Option<String>,
     pub groups: Vec<String>,
     pub credential_id: Option<String>,
 }
@@ -202,6 +205,7 @@ pub(super) fn bootstrap_caller(state: &State, bearer: &str) -> Option<Caller> {
     Some(Caller {
         user: format!("system:bootstrap:{id}"),
         groups,
+        uid: None,
         credential_id: None,
     })
 }
@@ -215,6 +219,7 @@ pub(super) fn cert_caller(id: &CertIdentity) -> Option<Caller> {
     Some(Caller {
         user: id.user.clone(),
         groups: id.groups.clone(),
+        uid: None,
         credential_id: Some(id.credential_id.clone()),
     })
 }
@@ -230,8 +235,18 @@ pub(super) fn token_caller(user: &str) -> Caller {
     groups.push("system:authenticated".into());
     Caller {
         user: user.into(),
+        uid: Some(static_uid(user)),
         groups,
         credential_id: None,
+    }
+}
+
+/// The uid the recorded cluster's token file gives a static-token user (`node-edge-1` for
+/// `system:node:edge-1`, else the user name).
+pub(super) fn static_uid(user: &str) -> String {
+    match user.strip_prefix("system:node:") {
+        Some(node) => format!("node-{node}"),
+        None => user.to_string(),
     }
 }
 
@@ -246,6 +261,9 @@ pub(super) fn credential_id(der: &[u8]) -> String {
 pub(super) fn self_subject_review(caller: &Caller) -> Response<Body> {
     let mut info = Map::new();
     info.insert("username".into(), caller.user.clone().into());
+    if let Some(uid) = &caller.uid {
+        info.insert("uid".into(), uid.clone().into());
+    }
     info.insert("groups".into(), json!(caller.groups));
     if let Some(id) = &caller.credential_id {
         info.insert(
@@ -449,6 +467,9 @@ fn create(state: &Arc<State>, caller: &Caller, body: &[u8]) -> Response<Body> {
     }
     s.insert("usages".into(), json!(usages));
     s.insert("username".into(), caller.user.clone().into());
+    if let Some(uid) = &caller.uid {
+        s.insert("uid".into(), uid.clone().into());
+    }
     s.insert("groups".into(), json!(caller.groups));
     if let Some(id) = &caller.credential_id {
         s.insert(
@@ -574,6 +595,38 @@ pub fn validate_kubelet_client(
     Ok(())
 }
 
+/// `ValidateKubeletServingCSR` (k8s.io/kubernetes pkg/apis/certificates): what the
+/// kubelet-serving signer checks before it signs.
+pub fn validate_kubelet_serving(csr: &ParsedCsr, usages: &[String]) -> Result<(), String> {
+    if csr.organizations != ["system:nodes"] {
+        return Err("subject organization is not system:nodes".into());
+    }
+    if csr.dns_names.is_empty() && csr.ip_addresses.is_empty() {
+        return Err("DNS or IP subjectAltName is required".into());
+    }
+    if csr.other_sans {
+        return Err("Email subjectAltNames are not allowed".into());
+    }
+    let set: std::collections::BTreeSet<&str> = usages.iter().map(String::as_str).collect();
+    let no_rsa: std::collections::BTreeSet<&str> =
+        ["digital signature", "server auth"].into_iter().collect();
+    let rsa: std::collections::BTreeSet<&str> =
+        ["digital signature", "key encipherment", "server auth"]
+            .into_iter()
+            .collect();
+    if set != no_rsa && set != rsa {
+        return Err("usages did not match [digital signature key encipherment server auth]".into());
+    }
+    if !csr
+        .common_name
+        .as_deref()
+        .is_some_and(|cn| cn.starts_with("system:node:"))
+    {
+        return Err("subject common name does not begin with system:node:".into());
+    }
+    Ok(())
+}
+
 /// kube-controller-manager's csrapproving with kubeadm's bindings: a kubelet client CSR is
 /// approved for its own node (`selfnodeclient`, a node renewing) or for a bootstrapper
 /// (`nodeclient`); anything else is left alone.
@@ -671,9 +724,11 @@ async fn run_signer(state: Arc<State>, name: String) {
         return;
     }
     let spec = &obj["spec"];
-    if spec["signerName"].as_str() != Some(KUBELET_CLIENT_SIGNER) {
-        return;
-    }
+    let serving = match spec["signerName"].as_str() {
+        Some(KUBELET_CLIENT_SIGNER) => false,
+        Some(KUBELET_SERVING_SIGNER) => true,
+        _ => return,
+    };
     let Ok((_, parsed)) = decode_request(spec) else {
         return;
     };
@@ -685,12 +740,17 @@ async fn run_signer(state: Arc<State>, name: String) {
                 .collect()
         })
         .unwrap_or_default();
-    if let Err(msg) = validate_kubelet_client(
-        parsed.common_name.as_deref(),
-        &parsed.organizations,
-        parsed.has_sans,
-        &usages,
-    ) {
+    let valid = if serving {
+        validate_kubelet_serving(&parsed, &usages)
+    } else {
+        validate_kubelet_client(
+            parsed.common_name.as_deref(),
+            &parsed.organizations,
+            parsed.has_sans,
+            &usages,
+        )
+    };
+    if let Err(msg) = valid {
         add_condition(
             &state,
             &name,
@@ -720,25 +780,34 @@ async fn run_signer(state: Arc<State>, name: String) {
     };
     let key_enc = usages.iter().any(|u| u == "key encipherment");
     let ahead = lock(&state.csr).not_before_ahead.unwrap_or_default();
-    let Ok(issued) = state
-        .pki
-        .sign_csr(&parsed, key_enc, not_before + ahead, not_after + ahead)
-    else {
+    let signed = if serving {
+        state
+            .pki
+            .sign_serving_csr(&parsed, key_enc, not_before + ahead, not_after + ahead)
+    } else {
+        state
+            .pki
+            .sign_csr(&parsed, key_enc, not_before + ahead, not_after + ahead)
+    };
+    let Ok(issued) = signed else {
         return;
     };
-    let user = parsed.common_name.clone().unwrap_or_default();
-    let mut groups = parsed.organizations.clone();
-    groups.push("system:authenticated".into());
-    lock(&state.certs).insert(
-        issued.der.clone(),
-        CertIdentity {
-            user,
-            groups,
-            not_before,
-            not_after,
-            credential_id: credential_id(&issued.der),
-        },
-    );
+    if !serving {
+        // A client certificate authenticates its subject from now on.
+        let user = parsed.common_name.clone().unwrap_or_default();
+        let mut groups = parsed.organizations.clone();
+        groups.push("system:authenticated".into());
+        lock(&state.certs).insert(
+            issued.der.clone(),
+            CertIdentity {
+                user,
+                groups,
+                not_before,
+                not_after,
+                credential_id: credential_id(&issued.der),
+            },
+        );
+    }
     let key = (CSR.plural.to_string(), String::new(), name.clone());
     let mut db = lock(&state.db);
     let Some(cur) = db.objects.get(&key).cloned() else {

@@ -265,6 +265,12 @@ pub(super) async fn route(
     if method == Method::POST && path == "/apis/authentication.k8s.io/v1/selfsubjectreviews" {
         return csr::self_subject_review(caller);
     }
+    if method == Method::POST && path == reviews::TOKEN_REVIEWS {
+        return reviews::token_review(state, caller, body);
+    }
+    if method == Method::POST && path == reviews::SUBJECT_ACCESS_REVIEWS {
+        return reviews::subject_access_review(state, caller, body);
+    }
     let Some(route) = parse_path(path) else {
         return status(
             404,

@@ -1,0 +1,296 @@
+//! `GET /containerLogs/{namespace}/{pod}/{container}`: what the apiserver forwards
+//! `kubectl logs` to, read from the same files `edgehub logs` reads ([`crate::logs`]), with
+//! the kubelet's options: `follow`, `tailLines`, `sinceSeconds`, `sinceTime`, `timestamps`,
+//! `previous`, `limitBytes`. The body is streamed from a task on the blocking pool through a
+//! small channel, so a slow client slows the reading, not the memory.
+
+use crate::logs::{self, LogReader, Shape};
+use crate::object::Kind;
+use crate::store::Store;
+use bytes::Bytes;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// How often a followed file is checked for new lines.
+const FOLLOW_POLL: Duration = Duration::from_millis(200);
+
+/// The kubelet's log options, from the query string.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LogQuery {
+    pub follow: bool,
+    pub previous: bool,
+    pub timestamps: bool,
+    pub tail_lines: Option<u64>,
+    pub since_seconds: Option<u64>,
+    /// `sinceTime`, as unix nanoseconds.
+    pub since_time: Option<i128>,
+    pub limit_bytes: Option<u64>,
+}
+
+fn boolean(key: &str, v: &str) -> Result<bool, String> {
+    match v {
+        "" | "true" | "1" => Ok(true),
+        "false" | "0" => Ok(false),
+        _ => Err(format!("{key}: {v:?} is not a boolean")),
+    }
+}
+
+fn positive(key: &str, v: &str, zero_ok: bool) -> Result<u64, String> {
+    match v.parse::<u64>() {
+        Ok(n) if n > 0 || zero_ok => Ok(n),
+        _ => Err(format!(
+            "{key}: {v:?} must be a {}integer",
+            if zero_ok {
+                "non-negative "
+            } else {
+                "positive "
+            }
+        )),
+    }
+}
+
+impl LogQuery {
+    /// Parses the query string (pure). Unknown parameters are ignored, as the kubelet does.
+    pub fn parse(query: Option<&str>) -> Result<LogQuery, String> {
+        let mut q = LogQuery::default();
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (key, raw) = pair.split_once('=').unwrap_or((pair, ""));
+            let v = percent_encoding::percent_decode_str(raw)
+                .decode_utf8()
+                .map_err(|_| format!("{key}: not UTF-8"))?;
+            match key {
+                "follow" => q.follow = boolean(key, &v)?,
+                "previous" => q.previous = boolean(key, &v)?,
+                "timestamps" => q.timestamps = boolean(key, &v)?,
+                "tailLines" => q.tail_lines = Some(positive(key, &v, true)?),
+                "sinceSeconds" => q.since_seconds = Some(positive(key, &v, false)?),
+                "sinceTime" => {
+                    q.since_time = Some(
+                        logs::rfc3339_nanos(&v)
+                            .ok_or_else(|| format!("sinceTime: {v:?} is not RFC 3339"))?,
+                    )
+                }
+                "limitBytes" => q.limit_bytes = Some(positive(key, &v, false)?),
+                _ => {}
+            }
+        }
+        if q.since_seconds.is_some() && q.since_time.is_some() {
+            return Err("at most one of sinceTime or sinceSeconds may be specified".into());
+        }
+        Ok(q)
+    }
+
+    /// The start time the options ask for, as unix nanoseconds, given `now_nanos`.
+    pub fn since_nanos(&self, now_nanos: i128) -> Option<i128> {
+        self.since_time.or_else(|| {
+            self.since_seconds
+                .map(|s| now_nanos - s as i128 * 1_000_000_000)
+        })
+    }
+}
+
+/// Why a log cannot be served: the status and the text the kubelet answers with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub status: u16,
+    pub text: String,
+}
+
+fn refuse(status: u16, text: impl Into<String>) -> Refusal {
+    Refusal {
+        status,
+        text: text.into(),
+    }
+}
+
+/// An opened log, ready to stream.
+pub struct LogStream {
+    reader: LogReader<std::fs::File>,
+    q: LogQuery,
+    dir: PathBuf,
+    path: PathBuf,
+    attempt: u32,
+    container: String,
+    idle: Duration,
+}
+
+fn now_nanos() -> i128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i128)
+        .unwrap_or(0)
+}
+
+/// Finds the pod in the cache and opens the file asked for (blocking: the store, the files).
+pub fn open(
+    store: &Store,
+    data_dir: &Path,
+    namespace: &str,
+    pod: &str,
+    container: &str,
+    query: Option<&str>,
+    idle: Duration,
+) -> Result<LogStream, Refusal> {
+    let q = LogQuery::parse(query).map_err(|e| refuse(400, e))?;
+    let cached = match store.get(Kind::Pod, namespace, pod) {
+        Ok(Some(p)) => p,
+        Ok(None) => return Err(refuse(404, format!("pod {namespace}/{pod} not found"))),
+        Err(e) => return Err(refuse(500, format!("reading the pod: {e}"))),
+    };
+    let raw: serde_json::Value = serde_json::from_str(&cached.raw)
+        .map_err(|e| refuse(500, format!("the cached pod is not JSON: {e}")))?;
+    let pod_name = format!("{namespace}/{pod}");
+    let choice = logs::choose_container(&raw, &pod_name, Some(container))
+        .map_err(|e| refuse(400, e.to_string()))?;
+    let dir = logs::pod_log_dir(data_dir, &cached.index.uid)
+        .ok_or_else(|| refuse(400, format!("pod {pod_name} has no log directory")))?;
+    let found = logs::attempts(&dir, &choice.container)
+        .map_err(|e| refuse(500, format!("reading {}: {e}", dir.display())))?;
+    let (attempt, path) = logs::pick(&found, q.previous, &choice.container, &pod_name)
+        .map_err(|e| refuse(400, e.to_string()))?;
+    let mut reader = LogReader::open(&path, q.tail_lines)
+        .map_err(|e| refuse(500, format!("opening {}: {e}", path.display())))?;
+    reader.set_shape(Shape {
+        timestamps: q.timestamps,
+        since_nanos: q.since_nanos(now_nanos()),
+    });
+    Ok(LogStream {
+        reader,
+        q,
+        dir,
+        path,
+        attempt,
+        container: choice.container,
+        idle,
+    })
+}
+
+impl LogStream {
+    pub fn follows(&self) -> bool {
+        self.q.follow
+    }
+
+    /// Starts the reading task; chunks come out of the receiver until the log ends.
+    pub fn spawn(self, permit: Option<tokio::sync::OwnedSemaphorePermit>) -> mpsc::Receiver<Bytes> {
+        let (tx, rx) = mpsc::channel(4);
+        tokio::spawn(pump(self, tx, permit));
+        rx
+    }
+
+    /// A newer attempt replaced the one followed, or the pod's logs are gone.
+    fn superseded(&self) -> bool {
+        !self.dir.exists()
+            || logs::attempts(&self.dir, &self.container)
+                .map(|f| f.iter().any(|(a, _)| *a > self.attempt))
+                .unwrap_or(true)
+    }
+}
+
+type Step = std::io::Result<(Vec<u8>, usize, bool)>;
+
+async fn pump(
+    mut log: LogStream,
+    tx: mpsc::Sender<Bytes>,
+    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
+) {
+    let mut left = log.q.limit_bytes;
+    let mut finishing = false;
+    let mut quiet_since = tokio::time::Instant::now();
+    loop {
+        let job = tokio::task::spawn_blocking(move || {
+            let mut out = Vec::new();
+            let step: Step = (|| {
+                let mut n = log.reader.read_some(&mut out)?;
+                if n == 0 && log.q.follow && log.reader.rotated_away(&log.path) {
+                    while log.reader.read_some(&mut out)? > 0 {}
+                    log.reader.follow_to(&log.path)?;
+                    n = log.reader.read_some(&mut out)?;
+                    n = n.max(usize::from(!out.is_empty()));
+                }
+                let superseded = n == 0 && log.q.follow && log.superseded();
+                Ok((out, n, superseded))
+            })();
+            (log, step)
+        });
+        let step;
+        (log, step) = match job.await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "node API: log reading task failed");
+                return;
+            }
+        };
+        let (mut out, n, superseded) = match step {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(path = %log.path.display(), error = %e, "node API: reading a container log failed");
+                return;
+            }
+        };
+        if let Some(l) = left.as_mut() {
+            if out.len() as u64 >= *l {
+                out.truncate(*l as usize);
+                let _ = tx.send(Bytes::from(out)).await;
+                return;
+            }
+            *l -= out.len() as u64;
+        }
+        if !out.is_empty() {
+            if tx.send(Bytes::from(out)).await.is_err() {
+                return;
+            }
+            quiet_since = tokio::time::Instant::now();
+        }
+        if n > 0 {
+            continue;
+        }
+        if !log.q.follow || finishing || quiet_since.elapsed() >= log.idle {
+            return;
+        }
+        finishing = superseded;
+        tokio::select! {
+            _ = tokio::time::sleep(FOLLOW_POLL) => {}
+            _ = tx.closed() => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kubelets_log_options() {
+        let q = LogQuery::parse(Some(
+            "follow=true&tailLines=10&timestamps=1&previous=false&limitBytes=100&sinceSeconds=5&pretty=x",
+        ))
+        .unwrap();
+        assert_eq!(
+            q,
+            LogQuery {
+                follow: true,
+                previous: false,
+                timestamps: true,
+                tail_lines: Some(10),
+                since_seconds: Some(5),
+                since_time: None,
+                limit_bytes: Some(100),
+            }
+        );
+        assert_eq!(q.since_nanos(10_000_000_000), Some(5_000_000_000));
+        let q = LogQuery::parse(Some("sinceTime=2026-11-30T10%3A00%3A05Z")).unwrap();
+        assert_eq!(q.since_time, logs::rfc3339_nanos("2026-11-30T10:00:05Z"));
+        assert_eq!(LogQuery::parse(None).unwrap(), LogQuery::default());
+        for bad in [
+            "tailLines=-1",
+            "limitBytes=0",
+            "sinceSeconds=0",
+            "follow=maybe",
+            "sinceTime=yesterday",
+            "sinceSeconds=1&sinceTime=2026-11-30T10:00:05Z",
+        ] {
+            assert!(LogQuery::parse(Some(bad)).is_err(), "{bad}");
+        }
+    }
+}
