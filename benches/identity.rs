@@ -33,12 +33,21 @@ fn io_write_bytes() -> u64 {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(
-            std::env::var("EDGEHUB_BENCH_LOG").unwrap_or_else(|_| "warn".into()),
-        ))
-        .with_writer(std::io::stderr)
-        .init();
+    {
+        use tracing_subscriber::layer::SubscriberExt;
+        use tracing_subscriber::util::SubscriberInitExt;
+        let filter = edgehub::config::log_filter(
+            &std::env::var("EDGEHUB_BENCH_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .expect("EDGEHUB_BENCH_LOG is a log filter");
+        tracing_subscriber::fmt()
+            // The builder's own ceiling is INFO; the filter below decides instead.
+            .with_max_level(tracing_subscriber::filter::LevelFilter::TRACE)
+            .with_writer(std::io::stderr)
+            .finish()
+            .with(filter)
+            .init();
+    }
     let s = FakeApiServer::start().await.unwrap();
     let token = BootstrapToken::new("edge01", "0123456789abcdef");
     s.add_bootstrap_token(token.clone());

@@ -330,13 +330,20 @@ fn controller(cli: &Cli, args: &ControllerArgs) -> anyhow::Result<()> {
         .clone()
         .or_else(|| std::env::var("EDGEHUB_LOG").ok())
         .unwrap_or_else(|| "info".into());
-    edgehub::config::check_log_filter(&log)
+    let filter = edgehub::config::log_filter(&log)
         .map_err(|r| anyhow::anyhow!("--log / EDGEHUB_LOG: {r}"))?;
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(&log))
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    {
+        use tracing_subscriber::layer::SubscriberExt;
+        use tracing_subscriber::util::SubscriberInitExt;
+        tracing_subscriber::fmt()
+            // The builder's own ceiling is INFO; the filter below decides instead.
+            .with_max_level(tracing_subscriber::filter::LevelFilter::TRACE)
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::stderr().is_terminal())
+            .finish()
+            .with(filter)
+            .init();
+    }
     let identity = match &args.identity {
         Some(i) => i.clone(),
         None => std::fs::read_to_string("/proc/sys/kernel/hostname")

@@ -40,8 +40,22 @@ pub fn check_log_filter(filter: &str) -> Result<(), String> {
             }
         }
     }
-    tracing_subscriber::EnvFilter::try_new(filter)
-        .map(|_| ())
+    log_filter_unchecked(filter).map(|_| ())
+}
+
+/// The filter for `tracing_subscriber`, after [`check_log_filter`]. It is a `Targets`
+/// filter, not an `EnvFilter`: the syntax accepted above (levels and `TARGET=LEVEL`) is
+/// exactly what `Targets` reads, and `EnvFilter` brings a regex engine (regex-automata,
+/// for span and field filters nobody can write here) that cost the aarch64 binary more than
+/// the headroom left under its 6 MB budget.
+pub fn log_filter(filter: &str) -> Result<tracing_subscriber::filter::Targets, String> {
+    check_log_filter(filter)?;
+    log_filter_unchecked(filter)
+}
+
+fn log_filter_unchecked(filter: &str) -> Result<tracing_subscriber::filter::Targets, String> {
+    filter
+        .parse()
         .map_err(|e| format!("{filter:?} is not a valid log filter: {e}"))
 }
 

@@ -16,7 +16,7 @@ pub use crate::node::{NodeConfig, Taint};
 pub use crate::outbox::ReportConfig;
 pub use crate::store::seal::SealConfig;
 pub use crate::sync::SyncConfig;
-pub use checks::{check_log_filter, check_node_label};
+pub use checks::{check_log_filter, check_node_label, log_filter};
 
 mod checks;
 mod file;
