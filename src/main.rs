@@ -323,7 +323,6 @@ fn check_config(cli: &Cli) -> anyhow::Result<()> {
 #[cfg(feature = "controller")]
 fn controller(cli: &Cli, args: &ControllerArgs) -> anyhow::Result<()> {
     use edgehub::controller;
-    use std::io::IsTerminal;
     use std::time::Duration;
     let log = cli
         .log
@@ -332,18 +331,7 @@ fn controller(cli: &Cli, args: &ControllerArgs) -> anyhow::Result<()> {
         .unwrap_or_else(|| "info".into());
     let filter = edgehub::config::log_filter(&log)
         .map_err(|r| anyhow::anyhow!("--log / EDGEHUB_LOG: {r}"))?;
-    {
-        use tracing_subscriber::layer::SubscriberExt;
-        use tracing_subscriber::util::SubscriberInitExt;
-        tracing_subscriber::fmt()
-            // The builder's own ceiling is INFO; the filter below decides instead.
-            .with_max_level(tracing_subscriber::filter::LevelFilter::TRACE)
-            .with_writer(std::io::stderr)
-            .with_ansi(std::io::stderr().is_terminal())
-            .finish()
-            .with(filter)
-            .init();
-    }
+    init_logging(filter);
     let identity = match &args.identity {
         Some(i) => i.clone(),
         None => std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -381,4 +369,19 @@ fn controller(cli: &Cli, args: &ControllerArgs) -> anyhow::Result<()> {
         controller::run(opts, async move { signals.wait().await }).await?;
         Ok(())
     })
+}
+
+/// Logs to stderr through `filter`, in colour on a terminal (`run` and `controller`).
+fn init_logging(filter: tracing_subscriber::filter::Targets) {
+    use std::io::IsTerminal;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    tracing_subscriber::fmt()
+        // The builder's own ceiling is INFO; the filter decides instead.
+        .with_max_level(tracing_subscriber::filter::LevelFilter::TRACE)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .finish()
+        .with(filter)
+        .init();
 }

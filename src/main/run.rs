@@ -15,22 +15,10 @@ use super::{load_config, node_client};
 
 pub fn run(cli: &super::Cli, reset_cache: bool) -> anyhow::Result<()> {
     let config = load_config(cli)?;
-    use std::io::IsTerminal;
     // The config's loading checked the filter already; this only parses it again.
     let filter = edgehub::config::log_filter(&config.log)
         .map_err(|r| anyhow::anyhow!("the config's log filter: {r}"))?;
-    {
-        use tracing_subscriber::layer::SubscriberExt;
-        use tracing_subscriber::util::SubscriberInitExt;
-        tracing_subscriber::fmt()
-            // The builder's own ceiling is INFO; the filter below decides instead.
-            .with_max_level(tracing_subscriber::filter::LevelFilter::TRACE)
-            .with_writer(std::io::stderr)
-            .with_ansi(std::io::stderr().is_terminal())
-            .finish()
-            .with(filter)
-            .init();
-    }
+    super::init_logging(filter);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
