@@ -16,8 +16,9 @@
 //!
 //! The parsing, the choice of container and file and the `--tail` search are pure or work on
 //! any `Read + Seek`, so they are unit-tested without a runtime; the API streams the output
-//! (`src/api/logs.rs`).
+//! (`src/api/logs.rs`, `src/kubelet_api/logs.rs`) through [`follow::pump`].
 
+pub mod follow;
 pub mod rotate;
 
 use serde_json::Value;

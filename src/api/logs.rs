@@ -21,8 +21,6 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::sync::mpsc;
 
-/// How often a followed file is checked for new lines.
-const FOLLOW_POLL: Duration = Duration::from_millis(200);
 /// Chunks in flight between the reading task and the connection.
 const CHANNEL: usize = 4;
 
@@ -148,8 +146,19 @@ impl LogStream {
     /// tokio runtime.
     pub fn into_body(self) -> LogBody {
         let (tx, rx) = mpsc::channel(CHANNEL);
-        tokio::spawn(pump(self, tx));
+        let ending = logs::follow::Ending {
+            follow: self.follow,
+            idle: self.idle,
+            limit_bytes: None,
+        };
+        tokio::spawn(logs::follow::pump(self, ending, tx));
         LogBody { rx }
+    }
+}
+
+impl logs::follow::Followed for LogStream {
+    fn parts(&mut self) -> (&mut LogReader<std::fs::File>, &Path) {
+        (&mut self.reader, &self.path)
     }
 
     /// Whether there is nothing more to wait for, as `kubectl logs -f` ends when its
@@ -172,78 +181,6 @@ impl LogStream {
             Err(_) => false,
         };
         replaced || gone
-    }
-}
-
-/// One step of reading on the blocking pool: a chunk of output, the bytes read (0 at the
-/// current end) and, at the end of a followed file, whether it was superseded.
-type Step = std::io::Result<(Vec<u8>, usize, bool)>;
-
-async fn pump(mut log: LogStream, tx: mpsc::Sender<Bytes>) {
-    let mut finishing = false;
-    let mut quiet_since = tokio::time::Instant::now();
-    loop {
-        let job = tokio::task::spawn_blocking(move || {
-            let mut out = Vec::new();
-            let step: Step = (|| {
-                let mut n = log.reader.read_some(&mut out)?;
-                // At the end of a followed file that a rotation renamed away: what the
-                // runtime wrote before it reopened the log is read to the end (it writes
-                // nothing more there), then the new file from its start.
-                if n == 0 && log.follow && log.reader.rotated_away(&log.path) {
-                    while log.reader.read_some(&mut out)? > 0 {}
-                    log.reader.follow_to(&log.path)?;
-                    n = log.reader.read_some(&mut out)?;
-                    // Bytes from the old file count as progress too: keep reading.
-                    n = n.max(usize::from(!out.is_empty()));
-                }
-                let superseded = n == 0 && log.follow && log.superseded();
-                Ok((out, n, superseded))
-            })();
-            (log, step)
-        });
-        let step;
-        (log, step) = match job.await {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(error = %e, "log reading task failed");
-                return;
-            }
-        };
-        let (out, n, superseded) = match step {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(path = %log.path.display(), error = %e, "reading a container log failed");
-                return;
-            }
-        };
-        if !out.is_empty() {
-            if tx.send(Bytes::from(out)).await.is_err() {
-                return; // The client went away.
-            }
-            quiet_since = tokio::time::Instant::now();
-        }
-        if n > 0 {
-            continue;
-        }
-        if !log.follow || finishing {
-            break;
-        }
-        if quiet_since.elapsed() >= log.idle {
-            tracing::debug!(path = %log.path.display(), idle = ?log.idle,
-                "ending a log follow that had nothing new for its idle limit");
-            break;
-        }
-        // Replaced: read what was written in the meantime, once more, then stop.
-        finishing = superseded;
-        tokio::select! {
-            _ = tokio::time::sleep(FOLLOW_POLL) => {}
-            _ = tx.closed() => return,
-        }
-    }
-    if log.reader.malformed() > 0 {
-        tracing::debug!(path = %log.path.display(), skipped = log.reader.malformed(),
-            "container log had records not in the CRI format");
     }
 }
 

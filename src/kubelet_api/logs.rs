@@ -12,9 +12,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::sync::mpsc;
 
-/// How often a followed file is checked for new lines.
-const FOLLOW_POLL: Duration = Duration::from_millis(200);
-
 /// The kubelet's log options, from the query string.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LogQuery {
@@ -174,85 +171,30 @@ impl LogStream {
     /// Starts the reading task; chunks come out of the receiver until the log ends.
     pub fn spawn(self, permit: Option<tokio::sync::OwnedSemaphorePermit>) -> mpsc::Receiver<Bytes> {
         let (tx, rx) = mpsc::channel(4);
-        tokio::spawn(pump(self, tx, permit));
+        let ending = logs::follow::Ending {
+            follow: self.q.follow,
+            idle: self.idle,
+            limit_bytes: self.q.limit_bytes,
+        };
+        tokio::spawn(async move {
+            // The stream's place among the node API's streams, released when it ends.
+            let _permit = permit;
+            logs::follow::pump(self, ending, tx).await
+        });
         rx
     }
+}
 
+impl logs::follow::Followed for LogStream {
+    fn parts(&mut self) -> (&mut LogReader<std::fs::File>, &Path) {
+        (&mut self.reader, &self.path)
+    }
     /// A newer attempt replaced the one followed, or the pod's logs are gone.
     fn superseded(&self) -> bool {
         !self.dir.exists()
             || logs::attempts(&self.dir, &self.container)
                 .map(|f| f.iter().any(|(a, _)| *a > self.attempt))
                 .unwrap_or(true)
-    }
-}
-
-type Step = std::io::Result<(Vec<u8>, usize, bool)>;
-
-async fn pump(
-    mut log: LogStream,
-    tx: mpsc::Sender<Bytes>,
-    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
-) {
-    let mut left = log.q.limit_bytes;
-    let mut finishing = false;
-    let mut quiet_since = tokio::time::Instant::now();
-    loop {
-        let job = tokio::task::spawn_blocking(move || {
-            let mut out = Vec::new();
-            let step: Step = (|| {
-                let mut n = log.reader.read_some(&mut out)?;
-                if n == 0 && log.q.follow && log.reader.rotated_away(&log.path) {
-                    while log.reader.read_some(&mut out)? > 0 {}
-                    log.reader.follow_to(&log.path)?;
-                    n = log.reader.read_some(&mut out)?;
-                    n = n.max(usize::from(!out.is_empty()));
-                }
-                let superseded = n == 0 && log.q.follow && log.superseded();
-                Ok((out, n, superseded))
-            })();
-            (log, step)
-        });
-        let step;
-        (log, step) = match job.await {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(error = %e, "node API: log reading task failed");
-                return;
-            }
-        };
-        let (mut out, n, superseded) = match step {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(path = %log.path.display(), error = %e, "node API: reading a container log failed");
-                return;
-            }
-        };
-        if let Some(l) = left.as_mut() {
-            if out.len() as u64 >= *l {
-                out.truncate(*l as usize);
-                let _ = tx.send(Bytes::from(out)).await;
-                return;
-            }
-            *l -= out.len() as u64;
-        }
-        if !out.is_empty() {
-            if tx.send(Bytes::from(out)).await.is_err() {
-                return;
-            }
-            quiet_since = tokio::time::Instant::now();
-        }
-        if n > 0 {
-            continue;
-        }
-        if !log.q.follow || finishing || quiet_since.elapsed() >= log.idle {
-            return;
-        }
-        finishing = superseded;
-        tokio::select! {
-            _ = tokio::time::sleep(FOLLOW_POLL) => {}
-            _ = tx.closed() => return,
-        }
     }
 }
 
