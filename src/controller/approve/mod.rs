@@ -12,6 +12,7 @@
 //! `system:node:<name>`: the built-in selfnodeclient approver's), and anything else not from
 //! a bootstrap token (`system:bootstrap:<id>` or group `system:bootstrappers`).
 
+mod csr_loop;
 mod request;
 pub mod serving;
 mod serving_watch;

@@ -3,13 +3,13 @@
 //! `/approval` subresource as `kubectl certificate approve` does. A CSR whose Node is not
 //! registered yet, or whose decision could not be written, is tried again.
 
+use super::csr_loop::{self, CsrHandler, Outcome};
 use super::serving::{
     decide_serving, requesting_node, serving_approval_message, NodeAddresses, ServingVerdict,
     SERVING_APPROVED_REASON, SERVING_SIGNER,
 };
 use super::CsrView;
 use crate::controller::metrics::{inc, Metrics};
-use futures_util::StreamExt;
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestCondition,
 };
@@ -17,15 +17,9 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
-use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, ResourceExt};
-use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::watch;
-
-/// CSRs left pending (no Node yet, a failed write) are tried again this often.
-const RETRY: Duration = Duration::from_secs(10);
 
 fn decided(csr: &CertificateSigningRequest) -> bool {
     csr.status
@@ -48,11 +42,6 @@ fn view(csr: &CertificateSigningRequest) -> CsrView<'_> {
         attestation: None,
         request: &csr.spec.request.0,
     }
-}
-
-enum Outcome {
-    Done,
-    Retry,
 }
 
 struct Approver {
@@ -142,9 +131,13 @@ impl Approver {
     }
 }
 
-/// Resolves once `stop` is true (or its sender is gone); holds no borrow of it after.
-async fn stopped(stop: &mut watch::Receiver<bool>) {
-    let _ = stop.wait_for(|s| *s).await;
+impl CsrHandler for Approver {
+    fn handle_csr(
+        &mut self,
+        csr: &CertificateSigningRequest,
+    ) -> impl std::future::Future<Output = Outcome> + Send {
+        self.handle(csr)
+    }
 }
 
 /// Decides the kubelet-serving signer's CSRs until `stop` turns true.
@@ -154,7 +147,7 @@ pub(in crate::controller) async fn run(
     mut stop: watch::Receiver<bool>,
 ) {
     let csrs = Api::<CertificateSigningRequest>::all(client.clone());
-    let approver = Approver {
+    let mut approver = Approver {
         csrs: csrs.clone(),
         nodes: Api::all(client),
         metrics,
@@ -163,39 +156,6 @@ pub(in crate::controller) async fn run(
         signer = SERVING_SIGNER,
         "approving nodes' serving certificates"
     );
-    let wc = watcher::Config::default()
-        .fields(&format!("spec.signerName={SERVING_SIGNER}"))
-        .any_semantic();
-    let mut events = watcher(csrs, wc).default_backoff().boxed();
-    let mut waiting: BTreeMap<String, CertificateSigningRequest> = BTreeMap::new();
-    let mut retry = tokio::time::interval_at(tokio::time::Instant::now() + RETRY, RETRY);
-    retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            () = stopped(&mut stop) => break,
-            ev = events.next() => match ev {
-                None => break,
-                Some(Ok(watcher::Event::Apply(csr) | watcher::Event::InitApply(csr))) => {
-                    let name = csr.name_any();
-                    match approver.handle(&csr).await {
-                        Outcome::Done => waiting.remove(&name),
-                        Outcome::Retry => waiting.insert(name, csr),
-                    };
-                }
-                Some(Ok(watcher::Event::Delete(csr))) => {
-                    waiting.remove(&csr.name_any());
-                }
-                Some(Ok(watcher::Event::Init | watcher::Event::InitDone)) => {}
-                Some(Err(e)) => tracing::warn!(error = %e, "serving CSR watch failed; retrying with backoff"),
-            },
-            _ = retry.tick(), if !waiting.is_empty() => {
-                for (name, csr) in std::mem::take(&mut waiting) {
-                    if let Outcome::Retry = approver.handle(&csr).await {
-                        waiting.insert(name, csr);
-                    }
-                }
-            }
-        }
-    }
+    csr_loop::run(csrs, SERVING_SIGNER, &mut approver, &mut stop).await;
     tracing::info!("the serving approver stopped");
 }

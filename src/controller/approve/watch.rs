@@ -3,10 +3,10 @@
 //! (at most once a minute, and only when a CSR needs it), and the Approved or Denied
 //! condition written through the `/approval` subresource as `kubectl certificate` does.
 
+use super::csr_loop::{self, CsrHandler, Outcome};
 use super::{decide, ours, CsrView, Verdict, APPROVED_REASON, SIGNER};
 use crate::attest::{self, FleetCa};
 use crate::controller::metrics::{inc, Metrics};
-use futures_util::StreamExt;
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestCondition,
 };
@@ -14,9 +14,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
-use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, ResourceExt};
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -25,8 +23,6 @@ use tokio::sync::watch;
 pub const CA_KEY: &str = "ca.crt";
 /// The fleet CA is read again when a CSR needs it and the copy is older than this.
 const CA_REFRESH: Duration = Duration::from_secs(60);
-/// CSRs that could not be decided (no fleet CA, a failed write) are tried again this often.
-const RETRY: Duration = Duration::from_secs(10);
 
 /// Where the fleet CA is: key [`CA_KEY`] of a ConfigMap or a Secret.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -170,14 +166,6 @@ fn view(csr: &CertificateSigningRequest) -> CsrView<'_> {
     }
 }
 
-/// What became of one CSR.
-enum Outcome {
-    /// Decided, not ours, or gone: nothing more to do until the watch brings news.
-    Done,
-    /// Try again in [`RETRY`].
-    Retry,
-}
-
 struct Approver {
     client: Client,
     api: Api<CertificateSigningRequest>,
@@ -254,9 +242,13 @@ impl Approver {
     }
 }
 
-/// Resolves once `stop` is true (or its sender is gone); holds no borrow of it after.
-async fn stopped(stop: &mut watch::Receiver<bool>) {
-    let _ = stop.wait_for(|s| *s).await;
+impl CsrHandler for Approver {
+    fn handle_csr(
+        &mut self,
+        csr: &CertificateSigningRequest,
+    ) -> impl std::future::Future<Output = Outcome> + Send {
+        self.handle(csr)
+    }
 }
 
 /// Decides the node client signer's bootstrap CSRs until `stop` turns true.
@@ -274,41 +266,6 @@ pub(in crate::controller) async fn run(
         ca: CaCache { source, held: None },
         metrics,
     };
-    let wc = watcher::Config::default()
-        .fields(&format!("spec.signerName={SIGNER}"))
-        .any_semantic();
-    let mut events = watcher(api, wc).default_backoff().boxed();
-    // CSRs to try again, by name, as last seen.
-    let mut waiting: BTreeMap<String, CertificateSigningRequest> = BTreeMap::new();
-    // The first retry one period on (a plain interval's first tick is at once).
-    let mut retry = tokio::time::interval_at(tokio::time::Instant::now() + RETRY, RETRY);
-    retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            () = stopped(&mut stop) => break,
-            ev = events.next() => match ev {
-                None => break,
-                Some(Ok(watcher::Event::Apply(csr) | watcher::Event::InitApply(csr))) => {
-                    let name = csr.name_any();
-                    match approver.handle(&csr).await {
-                        Outcome::Done => waiting.remove(&name),
-                        Outcome::Retry => waiting.insert(name, csr),
-                    };
-                }
-                Some(Ok(watcher::Event::Delete(csr))) => {
-                    waiting.remove(&csr.name_any());
-                }
-                Some(Ok(watcher::Event::Init | watcher::Event::InitDone)) => {}
-                Some(Err(e)) => tracing::warn!(error = %e, "CSR watch failed; retrying with backoff"),
-            },
-            _ = retry.tick(), if !waiting.is_empty() => {
-                for (name, csr) in std::mem::take(&mut waiting) {
-                    if let Outcome::Retry = approver.handle(&csr).await {
-                        waiting.insert(name, csr);
-                    }
-                }
-            }
-        }
-    }
+    csr_loop::run(api, SIGNER, &mut approver, &mut stop).await;
     tracing::info!("the approver stopped");
 }
