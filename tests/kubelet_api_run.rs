@@ -5,11 +5,11 @@
 //! it this fails, loudly.
 
 mod common;
+#[path = "common/node_api.rs"]
+mod node_api;
 
 use edgehub_testsupport::{FakeApiServer, ADMIN_TOKEN, KUBELET_SERVING_SIGNER};
 use http_body_util::{BodyExt, Empty};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::json;
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
@@ -44,21 +44,7 @@ impl Drop for Run {
 /// GET `path` on the node API with the admin token, the server verified against `ca_pem`
 /// for 127.0.0.1.
 async fn get(addr: SocketAddr, ca_pem: &str, path: &str) -> anyhow::Result<(u16, String)> {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(CertificateDer::from_pem_slice(ca_pem.as_bytes())?)?;
-    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let tcp = tokio::net::TcpStream::connect(addr).await?;
-    let tls = tokio::time::timeout(
-        Duration::from_secs(5),
-        tokio_rustls::TlsConnector::from(Arc::new(cfg))
-            .connect(ServerName::try_from("127.0.0.1")?.to_owned(), tcp),
-    )
-    .await??;
+    let tls = node_api::connect(addr, ca_pem).await?;
     let (mut send, conn) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls)).await?;
     tokio::spawn(conn);
