@@ -1,6 +1,6 @@
-//! Two upgraded connections joined both ways, closed after an idle time with no bytes in
-//! either direction. An end that closes its sending side has that passed on (a half close),
-//! and the other direction goes on until it closes too.
+//! Two upgraded connections joined both ways, as the kubelet's upgrade-aware proxy joins
+//! them: when either end closes (or fails), its close is passed on and both are closed; and
+//! after an idle time with no bytes in either direction, both are closed too.
 
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -17,9 +17,37 @@ pub struct Ended {
 }
 
 const BUF: usize = 16 << 10;
+/// How long closing both ends may take.
+const CLOSING: Duration = Duration::from_secs(5);
 
-/// Copies `a` to `b` and `b` to `a` until both have closed, one fails, or nothing moved
-/// either way for `idle`.
+enum Step {
+    /// Bytes went across.
+    Moved,
+    /// The reading side closed, or the writing side failed: the splice is over.
+    Over,
+}
+
+/// Passes one read's outcome (`r` bytes of `buf`) on to `w`.
+async fn pass<W: AsyncWrite + Unpin>(
+    r: std::io::Result<usize>,
+    buf: &[u8],
+    w: &mut W,
+    moved: &mut u64,
+) -> Step {
+    match r {
+        Ok(0) | Err(_) => Step::Over,
+        Ok(n) => {
+            if w.write_all(&buf[..n]).await.is_err() || w.flush().await.is_err() {
+                return Step::Over;
+            }
+            *moved += n as u64;
+            Step::Moved
+        }
+    }
+}
+
+/// Copies `a` to `b` and `b` to `a` until one closes or fails, or nothing moved either way
+/// for `idle`; then closes both.
 pub async fn splice<A, B>(a: A, b: B, idle: Duration) -> Ended
 where
     A: AsyncRead + AsyncWrite + Unpin,
@@ -28,7 +56,6 @@ where
     let (mut ar, mut aw) = tokio::io::split(a);
     let (mut br, mut bw) = tokio::io::split(b);
     let (mut abuf, mut bbuf) = (vec![0u8; BUF], vec![0u8; BUF]);
-    let (mut a_open, mut b_open) = (true, true);
     let mut end = Ended {
         a_to_b: 0,
         b_to_a: 0,
@@ -36,42 +63,26 @@ where
     };
     let timer = tokio::time::sleep(idle);
     tokio::pin!(timer);
-    while a_open || b_open {
-        tokio::select! {
-            r = ar.read(&mut abuf), if a_open => match r {
-                Ok(0) | Err(_) => {
-                    a_open = false;
-                    let _ = bw.shutdown().await;
-                }
-                Ok(n) => {
-                    if bw.write_all(&abuf[..n]).await.is_err() || bw.flush().await.is_err() {
-                        break;
-                    }
-                    end.a_to_b += n as u64;
-                    timer.as_mut().reset(tokio::time::Instant::now() + idle);
-                }
-            },
-            r = br.read(&mut bbuf), if b_open => match r {
-                Ok(0) | Err(_) => {
-                    b_open = false;
-                    let _ = aw.shutdown().await;
-                }
-                Ok(n) => {
-                    if aw.write_all(&bbuf[..n]).await.is_err() || aw.flush().await.is_err() {
-                        break;
-                    }
-                    end.b_to_a += n as u64;
-                    timer.as_mut().reset(tokio::time::Instant::now() + idle);
-                }
-            },
+    loop {
+        let step = tokio::select! {
+            r = ar.read(&mut abuf) => pass(r, &abuf, &mut bw, &mut end.a_to_b).await,
+            r = br.read(&mut bbuf) => pass(r, &bbuf, &mut aw, &mut end.b_to_a).await,
             _ = &mut timer => {
                 end.idle = true;
                 break;
             }
+        };
+        match step {
+            Step::Moved => timer.as_mut().reset(tokio::time::Instant::now() + idle),
+            Step::Over => break,
         }
     }
-    let _ = aw.shutdown().await;
-    let _ = bw.shutdown().await;
+    // A peer that reads nothing more must not hold the splice open.
+    let _ = tokio::time::timeout(CLOSING, async {
+        let _ = aw.shutdown().await;
+        let _ = bw.shutdown().await;
+    })
+    .await;
     end
 }
 
@@ -80,7 +91,7 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn bytes_go_both_ways_and_a_half_close_is_passed_on() {
+    async fn bytes_go_both_ways_until_one_end_closes() {
         let (client, a) = tokio::io::duplex(64);
         let (b, runtime) = tokio::io::duplex(64);
         let task = tokio::spawn(splice(a, b, Duration::from_secs(10)));
@@ -90,11 +101,8 @@ mod tests {
         let mut got = [0u8; 4];
         rr.read_exact(&mut got).await.unwrap();
         assert_eq!(&got, b"ping");
-        // The client is done sending: the runtime sees the end, and still answers.
-        cw.shutdown().await.unwrap();
-        let mut rest = Vec::new();
-        rr.read_to_end(&mut rest).await.unwrap();
-        assert!(rest.is_empty());
+        // The runtime answers and closes: the client gets all of it, then the end, and the
+        // client's side is closed too.
         rw.write_all(b"pong!").await.unwrap();
         rw.shutdown().await.unwrap();
         let mut back = Vec::new();
@@ -109,6 +117,9 @@ mod tests {
                 idle: false
             }
         );
+        let mut rest = Vec::new();
+        rr.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.is_empty());
     }
 
     #[tokio::test]
