@@ -16,7 +16,7 @@ const CALL: Duration = Duration::from_secs(10);
 pub const PULL_DEADLINE: Duration = Duration::from_secs(300);
 /// Deadline of the streaming calls (`Exec`, `Attach`, `PortForward`): they only hand out a
 /// URL; the stream itself runs on the runtime's streaming server.
-pub const STREAM_CALL: Duration = CALL;
+const STREAM_CALL: Duration = CALL;
 /// A sandbox start may pull the pause image and set up networking.
 const SANDBOX: Duration = Duration::from_secs(120);
 

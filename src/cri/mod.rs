@@ -10,7 +10,7 @@ mod client;
 pub mod fake;
 mod health;
 
-pub use client::{CriClient, STREAM_CALL};
+pub use client::CriClient;
 pub use edgehub_cri_api::v1 as api;
 pub use health::{spawn_monitor, CriHealth};
 
