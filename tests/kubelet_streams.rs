@@ -259,6 +259,24 @@ async fn exec_attach_and_port_forward_through_the_node_api_of_a_running_edgehub(
     assert_eq!(got.stdout, "42\n", "{got:?}");
     assert_eq!(got.status.as_ref().unwrap()["status"], "Success", "{got:?}");
 
+    // The same with a TTY (and a resize on channel 4): the terminal echoes what was typed
+    // and ends lines with CRLF; no separate stderr.
+    let mut s = ws(
+        addr,
+        &ca,
+        &exec("command=sh&input=1&output=1&error=1&tty=1"),
+        "v4.channel.k8s.io",
+    )
+    .await
+    .unwrap();
+    send(&mut s, 4, br#"{"Width":100,"Height":30}"#).await;
+    send(&mut s, 0, b"stty size; echo $((6*7))\n").await;
+    send(&mut s, 0, b"exit\n").await;
+    let got = drain(&mut s, 20).await;
+    assert!(got.stdout.contains("30 100\r\n"), "{got:?}");
+    assert!(got.stdout.contains("42\r\n"), "{got:?}");
+    assert_eq!(got.status.as_ref().unwrap()["status"], "Success", "{got:?}");
+
     // attach: the container's own output, live (it prints a line a second).
     let mut s = ws(
         addr,
