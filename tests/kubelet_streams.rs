@@ -358,57 +358,62 @@ async fn exec_attach_and_port_forward_through_the_node_api_of_a_running_edgehub(
     assert_eq!(headers["x-stream-protocol-version"], "v4.channel.k8s.io");
     assert_eq!(headers["upgrade"], "SPDY/3.1");
 
-    // Refusals, as the kubelet answers them.
-    let refused = |method: &'static str, path: String, token: &'static str| {
-        let ca = ca.clone();
-        async move {
-            let (code, _, body) = request(addr, &ca, method, &path, token, WS_UPGRADE).await;
-            (code, body)
-        }
-    };
-    let got = refused(
-        "GET",
-        format!("/exec/{NS}/nosuchpod/app?command=true&output=1"),
-        ADMIN_TOKEN,
-    )
-    .await;
-    assert_eq!(got, (404, "pod does not exist".into()));
-    // An unknown container: the kubelet's GetExec finds no running container of that name
-    // and answers through streaming.WriteError: 500 with its text.
-    let got = refused(
-        "GET",
-        format!("/exec/{NS}/{POD}/nosuch?command=true&output=1"),
-        ADMIN_TOKEN,
-    )
-    .await;
-    assert_eq!(got, (500, "container not found (\"nosuch\")".into()));
-    let got = refused(
-        "GET",
-        format!("/portForward/{NS}/{POD}/not-its-uid?port=8080"),
-        ADMIN_TOKEN,
-    )
-    .await;
-    assert_eq!(got, (404, "pod not found".into()));
-    let got = refused("GET", exec("command=true"), ADMIN_TOKEN).await;
-    assert_eq!(
-        got,
+    // Refusals, as the kubelet answers them (the body `None`: not compared). An unknown
+    // container: the kubelet's GetExec finds no running container of that name and answers
+    // through streaming.WriteError, 500 with its text.
+    let forbidden = "Forbidden (user=jane, verb=create, resource=nodes, subresource(s)=[proxy])\n";
+    let cases: [(&str, String, &str, u16, Option<&str>); 7] = [
         (
+            "GET",
+            format!("/exec/{NS}/nosuchpod/app?command=true&output=1"),
+            ADMIN_TOKEN,
+            404,
+            Some("pod does not exist"),
+        ),
+        (
+            "GET",
+            format!("/exec/{NS}/{POD}/nosuch?command=true&output=1"),
+            ADMIN_TOKEN,
+            500,
+            Some("container not found (\"nosuch\")"),
+        ),
+        (
+            "GET",
+            format!("/portForward/{NS}/{POD}/not-its-uid?port=8080"),
+            ADMIN_TOKEN,
+            404,
+            Some("pod not found"),
+        ),
+        (
+            "GET",
+            exec("command=true"),
+            ADMIN_TOKEN,
             400,
-            "you must specify at least 1 of stdin, stdout, stderr".into()
-        )
-    );
-    let got = refused("GET", format!("/portForward/{NS}/{POD}"), ADMIN_TOKEN).await;
-    assert_eq!(got, (400, "query parameter \"port\" is required".into()));
-    let got = refused("GET", exec("command=true&output=1"), "bogus").await;
-    assert_eq!(got.0, 401);
-    let got = refused("POST", exec("command=true&output=1"), JANE).await;
-    assert_eq!(
-        got,
+            Some("you must specify at least 1 of stdin, stdout, stderr"),
+        ),
         (
+            "GET",
+            format!("/portForward/{NS}/{POD}"),
+            ADMIN_TOKEN,
+            400,
+            Some("query parameter \"port\" is required"),
+        ),
+        ("GET", exec("command=true&output=1"), "bogus", 401, None),
+        (
+            "POST",
+            exec("command=true&output=1"),
+            JANE,
             403,
-            "Forbidden (user=jane, verb=create, resource=nodes, subresource(s)=[proxy])\n".into()
-        )
-    );
+            Some(forbidden),
+        ),
+    ];
+    for (method, path, token, want, text) in cases {
+        let (code, _, body) = request(addr, &ca, method, &path, token, WS_UPGRADE).await;
+        assert_eq!(code, want, "{method} {path}: {body}");
+        if let Some(t) = text {
+            assert_eq!(body, t, "{method} {path}");
+        }
+    }
 
     // The streams limit (2 here): two open shells hold both; a third is refused with 429.
     let mut one = ws(
