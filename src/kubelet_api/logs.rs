@@ -144,8 +144,15 @@ pub fn open(
         .ok_or_else(|| refuse(400, format!("pod {pod_name} has no log directory")))?;
     let found = logs::attempts(&dir, &choice.container)
         .map_err(|e| refuse(500, format!("reading {}: {e}", dir.display())))?;
-    let (attempt, path) = logs::pick(&found, q.previous, &choice.container, &pod_name)
-        .map_err(|e| refuse(400, e.to_string()))?;
+    let (attempt, path) =
+        logs::pick(&found, q.previous, &choice.container, &pod_name).map_err(|e| match e {
+            // The kubelet's words (kubectl prints them), with the pod's name alone.
+            logs::LogsError::NoPrevious { container, .. } => refuse(
+                400,
+                format!("previous terminated container {container:?} in pod {pod:?} not found"),
+            ),
+            e => refuse(400, e.to_string()),
+        })?;
     let mut reader = LogReader::open(&path, q.tail_lines)
         .map_err(|e| refuse(500, format!("opening {}: {e}", path.display())))?;
     reader.set_shape(Shape {

@@ -21,6 +21,7 @@ pub mod authz;
 pub mod logs;
 pub mod reviews;
 pub mod stats;
+pub mod usage;
 
 use crate::identity::serving::{ServingPair, ServingWatch};
 use crate::store::Store;
@@ -441,7 +442,14 @@ impl KubeletApi {
                 "Internal Error: the runtime's container stats are unavailable",
             )
         } else {
-            let body = stats::summary(&self.node_name, node.as_ref(), &containers);
+            let extra = stats::sample_extra(
+                self.cri.as_ref(),
+                &self.node_name,
+                &self.data_dir,
+                &containers,
+            )
+            .await;
+            let body = stats::summary(&self.node_name, node.as_ref(), &containers, &extra);
             let mut r = text(200, body.to_string());
             r.headers_mut().insert(
                 hyper::header::CONTENT_TYPE,

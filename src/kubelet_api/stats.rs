@@ -2,8 +2,10 @@
 //! from a kubelet, from the CRI's `ListContainerStats` for the containers and `/proc` for the
 //! node. The shapes are pure functions of the samples; the sampling is at the edge.
 
+use super::usage::{self, rfc3339, FsSample, ImageFs, NetSample, Usage};
 use crate::cri::api;
 use crate::cri::labels;
+use crate::mountns::FsStats;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -24,7 +26,11 @@ pub struct ContainerSample {
     pub memory_usage: Option<u64>,
     pub memory_rss: Option<u64>,
     pub memory_at_nanos: i64,
+    /// The writable layer: what it uses, when sampled, and the filesystem it is on.
     pub rootfs_used: Option<u64>,
+    pub rootfs_inodes_used: Option<u64>,
+    pub rootfs_at_nanos: i64,
+    pub rootfs_mountpoint: Option<String>,
 }
 
 /// The node's numbers.
@@ -58,6 +64,14 @@ pub fn container_sample(s: &api::ContainerStats) -> Option<ContainerSample> {
         memory_rss: mem.and_then(|m| v(&m.rss_bytes)),
         memory_at_nanos: mem.map(|m| m.timestamp).unwrap_or(0),
         rootfs_used: s.writable_layer.as_ref().and_then(|w| v(&w.used_bytes)),
+        rootfs_inodes_used: s.writable_layer.as_ref().and_then(|w| v(&w.inodes_used)),
+        rootfs_at_nanos: s.writable_layer.as_ref().map(|w| w.timestamp).unwrap_or(0),
+        rootfs_mountpoint: s
+            .writable_layer
+            .as_ref()
+            .and_then(|w| w.fs_id.as_ref())
+            .map(|f| f.mountpoint.clone())
+            .filter(|m| !m.is_empty()),
     })
 }
 
@@ -180,29 +194,6 @@ pub fn metrics_resource(
     out
 }
 
-fn rfc3339(nanos: i64) -> String {
-    let secs = nanos.div_euclid(1_000_000_000);
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    // civil_from_days (Howard Hinnant).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = if m <= 2 { y + 1 } else { y };
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
 /// The node's sample now, from `/proc` (`None` where it cannot be read).
 pub fn node_sample() -> Option<NodeSample> {
     let cpu = proc_stat_cpu_nanos(&std::fs::read_to_string("/proc/stat").ok()?)?;
@@ -220,11 +211,73 @@ pub fn node_sample() -> Option<NodeSample> {
     })
 }
 
-/// The kubelet's `/stats/summary` (the fields metrics-server and `kubectl top` read).
+/// One pod's disks and network, beyond its containers' CRI samples.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodExtra {
+    /// Each container's log files (all its attempts, rotated ones too), by container name.
+    pub logs: BTreeMap<String, Usage>,
+    /// The pod's emptyDir volumes on disk, by volume name.
+    pub volumes: BTreeMap<String, Usage>,
+    /// The network namespace of the pod's sandbox (the host's for a hostNetwork pod).
+    pub network: Option<NetSample>,
+}
+
+/// What `/stats/summary` says beyond CPU and memory: the node's filesystems and network, and
+/// each pod's disks and network.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Extra {
+    /// When the files were measured.
+    pub at_nanos: i64,
+    /// The data directory's filesystem (the kubelet's root directory's): the node's `fs`,
+    /// and where logs and emptyDir volumes take their space.
+    pub node_fs: Option<FsStats>,
+    pub image_fs: Option<ImageFs>,
+    pub node_network: Option<NetSample>,
+    /// The filesystems of the containers' writable layers, by mountpoint.
+    pub mounts: BTreeMap<String, FsStats>,
+    /// By pod UID.
+    pub pods: BTreeMap<String, PodExtra>,
+}
+
+/// A container's `rootfs` and `logs` and what they add to the pod's ephemeral storage.
+fn container_disks(c: &ContainerSample, extra: &Extra, pod: Option<&PodExtra>) -> (Value, Usage) {
+    let mut v = json!({});
+    let mut used = Usage::default();
+    if c.rootfs_used.is_some() || c.rootfs_inodes_used.is_some() {
+        let fs = c
+            .rootfs_mountpoint
+            .as_ref()
+            .and_then(|m| extra.mounts.get(m));
+        v["rootfs"] =
+            usage::part_fs_json(c.rootfs_at_nanos, c.rootfs_used, c.rootfs_inodes_used, fs);
+        used = Usage {
+            bytes: c.rootfs_used.unwrap_or(0),
+            inodes: c.rootfs_inodes_used.unwrap_or(0),
+        };
+        // The kubelet counts a container's logs in the pod's ephemeral storage only with its
+        // rootfs.
+        if let Some(l) = pod.and_then(|p| p.logs.get(&c.container)) {
+            used = used + *l;
+        }
+    }
+    if let Some(l) = pod.and_then(|p| p.logs.get(&c.container)) {
+        v["logs"] = usage::part_fs_json(
+            extra.at_nanos,
+            Some(l.bytes),
+            Some(l.inodes),
+            extra.node_fs.as_ref(),
+        );
+    }
+    (v, used)
+}
+
+/// The kubelet's `/stats/summary`: CPU and memory (what metrics-server and `kubectl top`
+/// read), and the disks and networks the CRI and the host can tell.
 pub fn summary(
     node_name: &str,
     node: Option<&NodeSample>,
     containers: &[ContainerSample],
+    extra: &Extra,
 ) -> Value {
     let mut node_v = json!({"nodeName": node_name});
     if let Some(n) = node {
@@ -232,6 +285,19 @@ pub fn summary(
         node_v["cpu"] = json!({"time": t, "usageCoreNanoSeconds": n.cpu_core_nanos});
         node_v["memory"] = json!({"time": t, "workingSetBytes": n.memory_working_set,
                                   "availableBytes": n.memory_available});
+    }
+    if let Some(n) = &extra.node_network {
+        node_v["network"] = usage::network_json(n);
+    }
+    if let Some(fs) = extra.node_fs {
+        node_v["fs"] = usage::node_fs_json(&FsSample {
+            at_nanos: extra.at_nanos,
+            fs,
+        });
+    }
+    if let Some(i) = &extra.image_fs {
+        let v = usage::image_fs_json(i);
+        node_v["runtime"] = json!({"imageFs": v, "containerFs": v});
     }
     let mut pods: BTreeMap<(String, String, String), Vec<&ContainerSample>> = BTreeMap::new();
     for c in containers {
@@ -242,6 +308,8 @@ pub fn summary(
     let pods: Vec<Value> = pods
         .into_iter()
         .map(|((ns, name, uid), cs)| {
+            let pod_extra = extra.pods.get(&uid);
+            let mut ephemeral = Usage::default();
             let containers: Vec<Value> = cs
                 .iter()
                 .map(|c| {
@@ -263,24 +331,180 @@ pub fn summary(
                             v["memory"]["rssBytes"] = r.into();
                         }
                     }
-                    if let Some(u) = c.rootfs_used {
-                        v["rootfs"] = json!({"usedBytes": u});
+                    let (disks, used) = container_disks(c, extra, pod_extra);
+                    if let (Value::Object(v), Value::Object(d)) = (&mut v, disks) {
+                        v.extend(d);
                     }
+                    ephemeral = ephemeral + used;
                     v
                 })
                 .collect();
             let cpu: u64 = cs.iter().filter_map(|c| c.cpu_core_nanos).sum();
             let mem: u64 = cs.iter().filter_map(|c| c.memory_working_set).sum();
             let at = cs.iter().map(|c| c.cpu_at_nanos).max().unwrap_or(0);
-            json!({
+            let mut v = json!({
                 "podRef": {"name": name, "namespace": ns, "uid": uid},
                 "containers": containers,
                 "cpu": {"time": rfc3339(at), "usageCoreNanoSeconds": cpu},
                 "memory": {"time": rfc3339(at), "workingSetBytes": mem},
-            })
+            });
+            if let Some(p) = pod_extra {
+                let volumes: Vec<Value> = p
+                    .volumes
+                    .iter()
+                    .map(|(name, u)| {
+                        let mut v = usage::part_fs_json(
+                            extra.at_nanos,
+                            Some(u.bytes),
+                            Some(u.inodes),
+                            extra.node_fs.as_ref(),
+                        );
+                        v["name"] = name.as_str().into();
+                        ephemeral = ephemeral + *u;
+                        v
+                    })
+                    .collect();
+                if !volumes.is_empty() {
+                    v["volume"] = volumes.into();
+                }
+                if let Some(n) = &p.network {
+                    v["network"] = usage::network_json(n);
+                }
+                v["ephemeral-storage"] = usage::part_fs_json(
+                    extra.at_nanos,
+                    Some(ephemeral.bytes),
+                    Some(ephemeral.inodes),
+                    extra.node_fs.as_ref(),
+                );
+            }
+            v
         })
         .collect();
     json!({"node": node_v, "pods": pods})
+}
+
+fn now_nanos() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
+/// Samples what `/stats/summary` says beyond CPU and memory, for the pods of `containers`
+/// and this node's ready sandboxes: the runtime's image filesystem and the sandboxes' pids
+/// from the CRI, then (on the blocking pool) the filesystems, the log and emptyDir files
+/// under `data_dir`, and the network namespaces. What cannot be read is left out.
+pub async fn sample_extra(
+    cri: Option<&crate::cri::CriClient>,
+    node_name: &str,
+    data_dir: &std::path::Path,
+    containers: &[ContainerSample],
+) -> Extra {
+    use crate::cri::CriRuntime;
+    let at_nanos = now_nanos();
+    let mut image_fs: Option<(ImageFs, Option<String>)> = None;
+    let mut pids: BTreeMap<String, Option<u32>> = containers
+        .iter()
+        .map(|c| (c.pod_uid.clone(), None))
+        .collect();
+    if let Some(cri) = cri {
+        match cri.image_fs_info().await {
+            Ok(fss) => {
+                // The first, as the kubelet reports it.
+                image_fs = fss.first().map(|f| {
+                    let fs = ImageFs {
+                        at_nanos: f.timestamp,
+                        used_bytes: f.used_bytes.as_ref().map(|v| v.value),
+                        inodes_used: f.inodes_used.as_ref().map(|v| v.value),
+                        fs: None,
+                    };
+                    let mountpoint = f.fs_id.as_ref().map(|i| i.mountpoint.clone());
+                    (fs, mountpoint.filter(|m| !m.is_empty()))
+                })
+            }
+            Err(e) => tracing::debug!(error = %e, "node API: ImageFsInfo failed"),
+        }
+        let filter =
+            std::collections::HashMap::from([(labels::NODE.to_string(), node_name.to_string())]);
+        match cri.list_pod_sandbox(filter).await {
+            Ok(sandboxes) => {
+                for sb in sandboxes
+                    .iter()
+                    .filter(|s| s.state == api::PodSandboxState::SandboxReady as i32)
+                {
+                    let Some(uid) = sb.labels.get(labels::POD_UID) else {
+                        continue;
+                    };
+                    match cri.sandbox_pid(&sb.id).await {
+                        Ok(pid) => {
+                            pids.insert(uid.clone(), pid);
+                        }
+                        Err(e) => {
+                            tracing::debug!(error = %e, sandbox = %sb.id, "node API: PodSandboxStatus failed")
+                        }
+                    }
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "node API: ListPodSandbox failed"),
+        }
+    }
+    let mounts: std::collections::BTreeSet<String> = containers
+        .iter()
+        .filter_map(|c| c.rootfs_mountpoint.clone())
+        .collect();
+    let data_dir = data_dir.to_path_buf();
+    let job = tokio::task::spawn_blocking(move || {
+        let pods = pids
+            .into_iter()
+            .filter_map(|(uid, pid)| {
+                let dir = crate::logs::pod_log_dir(&data_dir, &uid)?;
+                let empty_dirs = dir.parent()?.join("volumes/empty-dir");
+                let volumes = std::fs::read_dir(&empty_dirs)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .map(|e| {
+                        (
+                            e.file_name().to_string_lossy().into_owned(),
+                            usage::du(&e.path()),
+                        )
+                    })
+                    .collect();
+                let extra = PodExtra {
+                    logs: usage::logs_by_container(&usage::log_files(&dir)),
+                    volumes,
+                    network: pid.and_then(|p| usage::net_of(Some(p), at_nanos)),
+                };
+                Some((uid, extra))
+            })
+            .collect();
+        Extra {
+            at_nanos,
+            node_fs: crate::mountns::fs_stats(&data_dir),
+            image_fs: image_fs.map(|(mut i, mountpoint)| {
+                i.fs = mountpoint.and_then(|m| crate::mountns::fs_stats(std::path::Path::new(&m)));
+                i
+            }),
+            node_network: usage::net_of(None, at_nanos),
+            mounts: mounts
+                .into_iter()
+                .filter_map(|m| {
+                    Some((
+                        m.clone(),
+                        crate::mountns::fs_stats(std::path::Path::new(&m))?,
+                    ))
+                })
+                .collect(),
+            pods,
+        }
+    });
+    match job.await {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::warn!(error = %e, "node API: sampling the disks failed");
+            Extra::default()
+        }
+    }
 }
 
 #[cfg(test)]
@@ -301,6 +525,9 @@ mod tests {
             memory_rss: None,
             memory_at_nanos: 1_700_000_000_000_000_000,
             rootfs_used: Some(4096),
+            rootfs_inodes_used: Some(3),
+            rootfs_at_nanos: 1_700_000_000_000_000_000,
+            rootfs_mountpoint: Some("/var/lib/containerd".into()),
         }
     }
 
@@ -345,7 +572,7 @@ mod tests {
 
     #[test]
     fn the_summary_has_metrics_servers_fields() {
-        let s = summary("edge-1", None, &[sample("app", 7, 8)]);
+        let s = summary("edge-1", None, &[sample("app", 7, 8)], &Extra::default());
         assert_eq!(s["node"]["nodeName"], "edge-1");
         let pod = &s["pods"][0];
         assert_eq!(
@@ -356,5 +583,93 @@ mod tests {
         assert_eq!(pod["containers"][0]["memory"]["workingSetBytes"], 8);
         assert_eq!(pod["containers"][0]["rootfs"]["usedBytes"], 4096);
         assert_eq!(pod["cpu"]["time"], "2023-11-14T22:13:20Z");
+    }
+
+    #[test]
+    fn the_summary_has_the_kubelets_disks_and_networks() {
+        let fs = FsStats {
+            total_bytes: 10_000_000,
+            free_bytes: 4_000_000,
+            available_bytes: 3_000_000,
+            inodes: 1000,
+            inodes_free: 400,
+        };
+        let image = FsStats {
+            total_bytes: 50_000_000,
+            ..fs
+        };
+        let net = NetSample {
+            at_nanos: 1_700_000_000_000_000_000,
+            interfaces: vec![usage::Iface {
+                name: "eth0".into(),
+                rx_bytes: 10,
+                rx_errors: 0,
+                tx_bytes: 20,
+                tx_errors: 0,
+            }],
+        };
+        let extra = Extra {
+            at_nanos: 1_700_000_000_000_000_000,
+            node_fs: Some(fs),
+            image_fs: Some(ImageFs {
+                at_nanos: 1_700_000_000_000_000_000,
+                used_bytes: Some(777),
+                inodes_used: Some(7),
+                fs: Some(image),
+            }),
+            node_network: Some(net.clone()),
+            mounts: BTreeMap::from([("/var/lib/containerd".to_string(), image)]),
+            pods: BTreeMap::from([(
+                "u1".to_string(),
+                PodExtra {
+                    logs: BTreeMap::from([(
+                        "app".to_string(),
+                        Usage {
+                            bytes: 8192,
+                            inodes: 2,
+                        },
+                    )]),
+                    volumes: BTreeMap::from([(
+                        "data".to_string(),
+                        Usage {
+                            bytes: 1024,
+                            inodes: 3,
+                        },
+                    )]),
+                    network: Some(net),
+                },
+            )]),
+        };
+        let s = summary(
+            "edge-1",
+            None,
+            &[sample("app", 7, 8), sample("side", 1, 1)],
+            &extra,
+        );
+        let node = &s["node"];
+        assert_eq!(node["fs"]["capacityBytes"], 10_000_000);
+        assert_eq!(node["fs"]["usedBytes"], 6_000_000);
+        assert_eq!(node["fs"]["inodesUsed"], 600);
+        assert_eq!(node["runtime"]["imageFs"]["usedBytes"], 777);
+        assert_eq!(node["runtime"]["imageFs"]["capacityBytes"], 50_000_000);
+        assert_eq!(node["runtime"]["containerFs"], node["runtime"]["imageFs"]);
+        assert_eq!(node["network"]["rxBytes"], 10);
+        let pod = &s["pods"][0];
+        let app = &pod["containers"][0];
+        assert_eq!(app["rootfs"]["usedBytes"], 4096);
+        assert_eq!(app["rootfs"]["inodesUsed"], 3);
+        assert_eq!(app["rootfs"]["capacityBytes"], 50_000_000);
+        assert_eq!(app["logs"]["usedBytes"], 8192);
+        assert_eq!(app["logs"]["capacityBytes"], 10_000_000);
+        assert!(pod["containers"][1].get("logs").is_none());
+        assert_eq!(pod["network"]["name"], "eth0");
+        assert_eq!(pod["network"]["txBytes"], 20);
+        assert_eq!(pod["volume"][0]["name"], "data");
+        assert_eq!(pod["volume"][0]["usedBytes"], 1024);
+        // Both rootfs, app's logs and the emptyDir.
+        let eph = &pod["ephemeral-storage"];
+        assert_eq!(eph["usedBytes"], 4096 * 2 + 8192 + 1024);
+        assert_eq!(eph["inodesUsed"], 3 * 2 + 2 + 3);
+        assert_eq!(eph["availableBytes"], 3_000_000);
     }
 }
