@@ -254,6 +254,9 @@ type Sender = hyper::client::conn::http1::SendRequest<http_body_util::Empty<byte
 
 async fn connect(addr: &str) -> Option<Sender> {
     let tcp = tokio::net::TcpStream::connect(addr).await.ok()?;
+    // As the apiserver's Go client: without it, the request after the handshake can wait
+    // for the server's delayed ACK.
+    tcp.set_nodelay(true).ok()?;
     let tls = tokio_rustls::TlsConnector::from(tls())
         .connect(
             rustls::pki_types::ServerName::try_from("127.0.0.1")

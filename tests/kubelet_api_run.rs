@@ -378,7 +378,9 @@ async fn kubectl_logs_through_the_node_api_of_a_running_edgehub() {
         raw.windows(3).any(|w| w == got.as_slice()),
         "{got:?} are three records of {raw:?}"
     );
-    // sinceSeconds: the records of the last 2 s, all of them, to the end of the file.
+    // sinceSeconds: the records of the last 2 s, all of them, to the end of the file (once
+    // the file holds older ones).
+    tokio::time::sleep(Duration::from_secs(3)).await;
     let before = now_nanos();
     let (code, body) = e
         .get(&format!("{logs}?sinceSeconds=2&timestamps=true"))
@@ -650,10 +652,11 @@ fn stats_pod(node: &str) -> serde_json::Value {
             "terminationGracePeriodSeconds": 0,
             "volumes": [{"name": "data", "emptyDir": {}}],
             "containers": [{"name": "app", "image": "127.0.0.1:5000/busybox:1.0", "imagePullPolicy": "IfNotPresent",
-                "command": ["sh", "-c", "head -c 1048576 /dev/urandom > /big; head -c 204800 /dev/urandom > /data/f; \
-                    mkdir -p /www; head -c 204800 /dev/urandom > /www/blob; \
+                "command": ["sh", "-c", "b=/bin/busybox; $b head -c 1048576 /dev/urandom > /big; \
+                    $b head -c 204800 /dev/urandom > /data/f; \
+                    $b mkdir -p /www; $b head -c 204800 /dev/urandom > /www/blob; \
                     i=0; while [ $i -lt 50 ]; do i=$((i+1)); echo \"line $i\"; done; \
-                    exec /bin/busybox httpd -f -p 8080 -h /www"],
+                    exec $b httpd -f -p 8080 -h /www"],
                 "volumeMounts": [{"name": "data", "mountPath": "/data"}]}]
         },
         "status": {"phase": "Pending"}

@@ -294,6 +294,12 @@ impl KubeletApi {
                 },
                 _ = shutdown.changed() => return,
             };
+            // Answers go out in several writes (TLS records, headers, chunks): without
+            // TCP_NODELAY each small one after the first waits for the client's delayed ACK,
+            // 40 ms a request (benches/kubelet_logs.rs; Go's servers, the kubelet's too, set it).
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(error = %e, "node API: cannot set TCP_NODELAY");
+            }
             let Ok(permit) = self.connections.clone().try_acquire_owned() else {
                 tracing::debug!("node API: connection limit reached; closing a new connection");
                 continue;
