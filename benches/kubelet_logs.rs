@@ -201,55 +201,6 @@ fn start_kubelet(bin: &Path, dir: &Path, socket: &Path, port: u16) -> Option<Kub
     Some(Kubelet { child })
 }
 
-/// A TLS client that takes any server certificate (the bench measures latency; the tests
-/// check the certificates).
-fn tls() -> Arc<rustls::ClientConfig> {
-    #[derive(Debug)]
-    struct Any;
-    impl rustls::client::danger::ServerCertVerifier for Any {
-        fn verify_server_cert(
-            &self,
-            _: &rustls::pki_types::CertificateDer<'_>,
-            _: &[rustls::pki_types::CertificateDer<'_>],
-            _: &rustls::pki_types::ServerName<'_>,
-            _: &[u8],
-            _: rustls::pki_types::UnixTime,
-        ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-            Ok(rustls::client::danger::ServerCertVerified::assertion())
-        }
-        fn verify_tls12_signature(
-            &self,
-            _: &[u8],
-            _: &rustls::pki_types::CertificateDer<'_>,
-            _: &rustls::DigitallySignedStruct,
-        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-            Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-        }
-        fn verify_tls13_signature(
-            &self,
-            _: &[u8],
-            _: &rustls::pki_types::CertificateDer<'_>,
-            _: &rustls::DigitallySignedStruct,
-        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-            Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-        }
-        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-            rustls::crypto::ring::default_provider()
-                .signature_verification_algorithms
-                .supported_schemes()
-        }
-    }
-    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("TLS versions")
-    .dangerous()
-    .with_custom_certificate_verifier(Arc::new(Any))
-    .with_no_client_auth();
-    Arc::new(cfg)
-}
-
 type Sender = hyper::client::conn::http1::SendRequest<http_body_util::Empty<bytes::Bytes>>;
 
 async fn connect(addr: &str) -> Option<Sender> {
@@ -257,7 +208,7 @@ async fn connect(addr: &str) -> Option<Sender> {
     // As the apiserver's Go client: without it, the request after the handshake can wait
     // for the server's delayed ACK.
     tcp.set_nodelay(true).ok()?;
-    let tls = tokio_rustls::TlsConnector::from(tls())
+    let tls = tokio_rustls::TlsConnector::from(support::any_server_cert())
         .connect(
             rustls::pki_types::ServerName::try_from("127.0.0.1")
                 .ok()?

@@ -35,51 +35,9 @@ fn sample(e: &Edge) -> Option<Rss> {
 /// One request to the node API over TLS (the server's certificate not checked here: the
 /// tests check it), with the admin token: its status.
 async fn healthz(addr: &str) -> Option<u16> {
-    #[derive(Debug)]
-    struct Any;
-    impl rustls::client::danger::ServerCertVerifier for Any {
-        fn verify_server_cert(
-            &self,
-            _: &rustls::pki_types::CertificateDer<'_>,
-            _: &[rustls::pki_types::CertificateDer<'_>],
-            _: &rustls::pki_types::ServerName<'_>,
-            _: &[u8],
-            _: rustls::pki_types::UnixTime,
-        ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-            Ok(rustls::client::danger::ServerCertVerified::assertion())
-        }
-        fn verify_tls12_signature(
-            &self,
-            _: &[u8],
-            _: &rustls::pki_types::CertificateDer<'_>,
-            _: &rustls::DigitallySignedStruct,
-        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-            Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-        }
-        fn verify_tls13_signature(
-            &self,
-            _: &[u8],
-            _: &rustls::pki_types::CertificateDer<'_>,
-            _: &rustls::DigitallySignedStruct,
-        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-            Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-        }
-        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-            rustls::crypto::ring::default_provider()
-                .signature_verification_algorithms
-                .supported_schemes()
-        }
-    }
-    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .ok()?
-    .dangerous()
-    .with_custom_certificate_verifier(Arc::new(Any))
-    .with_no_client_auth();
+    let cfg = support::any_server_cert();
     let tcp = tokio::net::TcpStream::connect(addr).await.ok()?;
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+    let tls = tokio_rustls::TlsConnector::from(cfg)
         .connect(
             rustls::pki_types::ServerName::try_from("127.0.0.1")
                 .ok()?
