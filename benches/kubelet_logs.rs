@@ -27,12 +27,11 @@
 mod support;
 
 use edgehub::cri::{CriClient, CriRuntime};
-use edgehub_testsupport::{Approval, FakeApiServer, ADMIN_TOKEN, KUBELET_SERVING_SIGNER};
+use edgehub_testsupport::{FakeApiServer, ADMIN_TOKEN};
 use http_body_util::BodyExt;
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use support::metric;
 
@@ -322,16 +321,7 @@ async fn run(bin: &Path, kubelet: &Path, stack: &Path) -> Option<()> {
     // edgehub, on another containerd of the same configuration.
     let ec = Containerd::start(&dir.path().join("containerd-edgehub"), &certs).await?;
     let server = FakeApiServer::start().await.ok()?;
-    server.set_csr_approver(Some(Arc::new(|r: &edgehub_testsupport::CsrRequest| {
-        if r.signer_name == KUBELET_SERVING_SIGNER {
-            Approval::Approve {
-                reason: "BenchApproved".into(),
-                message: "bench".into(),
-            }
-        } else {
-            Approval::Pending
-        }
-    })));
+    support::approve_serving_csrs(&server);
     let node = "bench-edgehub";
     let eport = support::free_port();
     let mut pod = json!({

@@ -9,9 +9,8 @@
 
 mod support;
 
-use edgehub_testsupport::{Approval, FakeApiServer, ADMIN_TOKEN, KUBELET_SERVING_SIGNER};
+use edgehub_testsupport::{FakeApiServer, ADMIN_TOKEN};
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 use support::{metric, Edge};
 
@@ -61,16 +60,7 @@ async fn healthz(addr: &str) -> Option<u16> {
 
 async fn idle(bin: &Path, on: bool) -> Option<Rss> {
     let server = FakeApiServer::start().await.ok()?;
-    server.set_csr_approver(Some(Arc::new(|r: &edgehub_testsupport::CsrRequest| {
-        if r.signer_name == KUBELET_SERVING_SIGNER {
-            Approval::Approve {
-                reason: "BenchApproved".into(),
-                message: "bench".into(),
-            }
-        } else {
-            Approval::Pending
-        }
-    })));
+    support::approve_serving_csrs(&server);
     let dir = tempfile::tempdir().ok()?;
     let name = format!("nodeapi-{}", if on { "on" } else { "off" });
     let addr = format!("127.0.0.1:{}", support::free_port());

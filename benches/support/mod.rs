@@ -367,3 +367,18 @@ pub fn any_server_cert() -> std::sync::Arc<rustls::ClientConfig> {
     .with_no_client_auth();
     std::sync::Arc::new(cfg)
 }
+
+/// Has `server` approve every kubelet-serving CSR at once (the node API's certificate).
+pub fn approve_serving_csrs(server: &FakeApiServer) {
+    use edgehub_testsupport::{Approval, CsrRequest, KUBELET_SERVING_SIGNER};
+    server.set_csr_approver(Some(std::sync::Arc::new(|r: &CsrRequest| {
+        if r.signer_name == KUBELET_SERVING_SIGNER {
+            Approval::Approve {
+                reason: "BenchApproved".into(),
+                message: "bench".into(),
+            }
+        } else {
+            Approval::Pending
+        }
+    })));
+}
