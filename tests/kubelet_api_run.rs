@@ -511,8 +511,9 @@ async fn body_within(secs: u64, resp: hyper::Response<hyper::body::Incoming>) ->
 }
 
 /// `kubectl logs -p` and `kubectl logs -f` across a real restart: before any, `previous` is
-/// the kubelet's 400; a follow of the running attempt ends by itself when the runtime starts
-/// the next one, having sent all of the first; then `previous` is the first attempt's lines.
+/// the kubelet's 400; a follow of the running attempt ends by itself once its container
+/// stops (before the runtime starts the next one, as the kubelet's), having sent all of it;
+/// after the restart, `previous` is the first attempt's lines.
 #[tokio::test]
 async fn previous_and_follow_across_a_real_restart() {
     let e = Edge::start("nodeapi-rs", &[&restarts], "", true).await;
@@ -531,11 +532,17 @@ async fn previous_and_follow_across_a_real_restart() {
         )
     );
     // Follow the first attempt: it exits after 2 s, the next starts after the crash-loop
-    // backoff (10 s); the follow ends then.
+    // backoff (10 s). As the kubelet's, the follow ends once the container has stopped,
+    // before the next attempt starts.
     let resp = e.open(&format!("{logs}?follow=true")).await;
     assert_eq!(resp.status(), 200);
     let followed = body_within(60, resp).await;
     assert_eq!(followed, run_lines(1), "the whole first run, once");
+    let dir = e.log_dir(&format!("nodeapi-rs-{}", std::process::id()));
+    assert!(
+        !dir.join("app_1.log").exists(),
+        "the follow ended when the container stopped, not when the next attempt started"
+    );
     let now = e
         .get_until(30, "the second run's lines", &logs, |b| b == run_lines(2))
         .await;
@@ -637,7 +644,11 @@ async fn follow_across_real_rotations() {
         .await;
     let got: Vec<u64> = body.lines().map(seq).collect();
     assert!(got.windows(2).all(|w| w[1] == w[0] + 1), "{body:.300}");
-    assert!(got[0] > 3000, "{body:.300}");
+    let followed_to = last.unwrap();
+    assert!(
+        got[4] >= followed_to,
+        "the newest lines, at or past the follow's last ({followed_to}): {body:.300}"
+    );
 }
 
 /// A pod on the CNI bridge: 1 MiB written into its writable layer, 200 KiB into an emptyDir,

@@ -478,6 +478,7 @@ impl KubeletApi {
         let store = self.store.clone();
         let dir = self.data_dir.clone();
         let (ns, pod, container) = (ns.to_string(), pod.to_string(), container.to_string());
+        let (ns_, pod_) = (ns.clone(), pod.clone());
         let query = query.map(str::to_string);
         let idle = self.idle;
         let opened = tokio::task::spawn_blocking(move || {
@@ -485,7 +486,18 @@ impl KubeletApi {
         })
         .await;
         let log = match opened {
-            Ok(Ok(l)) => l,
+            Ok(Ok(l)) => match &self.cri {
+                Some(cri) if l.follows() => l.with_liveness(logs::Liveness {
+                    cri: cri.clone(),
+                    labels: std::collections::HashMap::from([
+                        (crate::cri::labels::NODE.to_string(), self.node_name.clone()),
+                        (crate::cri::labels::POD_NAMESPACE.to_string(), ns_.clone()),
+                        (crate::cri::labels::POD_NAME.to_string(), pod_.clone()),
+                    ]),
+                    handle: tokio::runtime::Handle::current(),
+                }),
+                _ => l,
+            },
             Ok(Err(r)) => return text(r.status, r.text),
             Err(e) => return text(500, format!("opening the log: {e}")),
         };
