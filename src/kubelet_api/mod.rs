@@ -477,8 +477,16 @@ impl KubeletApi {
         };
         let store = self.store.clone();
         let dir = self.data_dir.clone();
+        // The pod's containers in the runtime, for a follow to ask whether its own still runs.
+        let pod_labels = std::collections::HashMap::from([
+            (crate::cri::labels::NODE.to_string(), self.node_name.clone()),
+            (
+                crate::cri::labels::POD_NAMESPACE.to_string(),
+                ns.to_string(),
+            ),
+            (crate::cri::labels::POD_NAME.to_string(), pod.to_string()),
+        ]);
         let (ns, pod, container) = (ns.to_string(), pod.to_string(), container.to_string());
-        let (ns_, pod_) = (ns.clone(), pod.clone());
         let query = query.map(str::to_string);
         let idle = self.idle;
         let opened = tokio::task::spawn_blocking(move || {
@@ -489,11 +497,7 @@ impl KubeletApi {
             Ok(Ok(l)) => match &self.cri {
                 Some(cri) if l.follows() => l.with_liveness(logs::Liveness {
                     cri: cri.clone(),
-                    labels: std::collections::HashMap::from([
-                        (crate::cri::labels::NODE.to_string(), self.node_name.clone()),
-                        (crate::cri::labels::POD_NAMESPACE.to_string(), ns_.clone()),
-                        (crate::cri::labels::POD_NAME.to_string(), pod_.clone()),
-                    ]),
+                    labels: pod_labels,
                     handle: tokio::runtime::Handle::current(),
                 }),
                 _ => l,
