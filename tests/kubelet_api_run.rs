@@ -454,6 +454,30 @@ async fn kubectl_logs_through_the_node_api_of_a_running_edgehub() {
     assert!(value("container_memory_working_set_bytes") > 0.0);
     assert!(text.contains("\nnode_cpu_usage_seconds_total "), "{text}");
     assert!(text.contains("\nscrape_error 0\n"), "{text}");
+    // The start time: when containerd created the container.
+    use edgehub::cri::CriRuntime;
+    let created = cri
+        .list_containers(filter.clone())
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|c| c.metadata.as_ref().is_some_and(|m| m.name == "app"))
+        .expect("containerd lists app")
+        .created_at;
+    let start = {
+        let prefix = format!(
+            "container_start_time_seconds{{container=\"app\",namespace=\"{NS}\",pod=\"talker\"}} "
+        );
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&prefix))
+            .unwrap_or_else(|| panic!("no {prefix} in:\n{text}"));
+        line[prefix.len()..].parse::<f64>().unwrap()
+    };
+    assert!(
+        (start - created as f64 / 1e9).abs() < 1e-3,
+        "{start} s is containerd's {created} ns"
+    );
     let before = cpu_of(&cri.list_container_stats(filter.clone()).await.unwrap());
     let (code, body) = get(node_api, &s.pki.ca_pem, "/stats/summary")
         .await
@@ -474,6 +498,11 @@ async fn kubectl_logs_through_the_node_api_of_a_running_edgehub() {
     let n = c["cpu"]["usageCoreNanoSeconds"].as_u64().unwrap();
     assert!(before <= n && n <= after, "{before} <= {n} <= {after}");
     assert!(c["memory"]["workingSetBytes"].as_u64().unwrap() > 0);
+    assert_eq!(
+        edgehub::logs::rfc3339_nanos(c["startTime"].as_str().unwrap()),
+        Some(created as i128 / 1_000_000_000 * 1_000_000_000),
+        "startTime, to the second"
+    );
 }
 
 /// A pod whose `app` counts its runs in an emptyDir, prints its run and three lines and exits

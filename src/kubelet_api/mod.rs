@@ -420,8 +420,18 @@ impl KubeletApi {
                     crate::cri::labels::NODE.to_string(),
                     self.node_name.clone(),
                 )]);
-                match cri.list_container_stats(filter).await {
-                    Ok(s) => s.iter().filter_map(stats::container_sample).collect(),
+                match cri.list_container_stats(filter.clone()).await {
+                    Ok(s) => {
+                        let samples = s.iter().filter_map(stats::container_sample).collect();
+                        // Their start times; without them the rest is still worth serving.
+                        match crate::cri::CriRuntime::list_containers(cri, filter).await {
+                            Ok(listed) => stats::with_start_times(samples, &listed),
+                            Err(e) => {
+                                tracing::debug!(error = %e, "node API: ListContainers failed");
+                                samples
+                            }
+                        }
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "node API: ListContainerStats failed");
                         error = true;

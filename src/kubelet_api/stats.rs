@@ -31,6 +31,10 @@ pub struct ContainerSample {
     pub rootfs_inodes_used: Option<u64>,
     pub rootfs_at_nanos: i64,
     pub rootfs_mountpoint: Option<String>,
+    /// The runtime's container id, and when it created the container (unix nanoseconds;
+    /// from `ListContainers`, see [`with_start_times`]).
+    pub id: String,
+    pub created_nanos: Option<i64>,
 }
 
 /// The node's numbers.
@@ -72,7 +76,26 @@ pub fn container_sample(s: &api::ContainerStats) -> Option<ContainerSample> {
             .and_then(|w| w.fs_id.as_ref())
             .map(|f| f.mountpoint.clone())
             .filter(|m| !m.is_empty()),
+        id: a.id.clone(),
+        created_nanos: None,
     })
+}
+
+/// The samples with their containers' creation times from the runtime's container list (the
+/// kubelet's container `startTime`); pure.
+pub fn with_start_times(
+    mut samples: Vec<ContainerSample>,
+    containers: &[api::Container],
+) -> Vec<ContainerSample> {
+    let created: std::collections::HashMap<&str, i64> = containers
+        .iter()
+        .filter(|c| c.created_at > 0)
+        .map(|c| (c.id.as_str(), c.created_at))
+        .collect();
+    for s in &mut samples {
+        s.created_nanos = created.get(s.id.as_str()).copied();
+    }
+    samples
 }
 
 /// The node's CPU time from `/proc/stat`'s first line (USER_HZ ticks, 100 a second on
@@ -108,11 +131,15 @@ pub fn metrics_resource(
     scrape_error: bool,
 ) -> String {
     let mut out = String::new();
-    let mut family = |name: &str, help: &str, kind: &str, rows: Vec<(String, f64, i64)>| {
+    let mut family = |name: &str, help: &str, kind: &str, rows: Vec<(String, f64, Option<i64>)>| {
         let _ = writeln!(out, "# HELP {name} [STABLE] {help}");
         let _ = writeln!(out, "# TYPE {name} {kind}");
         for (labels, v, at) in rows {
-            let _ = writeln!(out, "{name}{labels} {v} {at}");
+            match at {
+                Some(at) => writeln!(out, "{name}{labels} {v} {at}"),
+                None => writeln!(out, "{name}{labels} {v}"),
+            }
+            .unwrap_or(());
         }
     };
     let lbl = |c: &ContainerSample| {
@@ -123,13 +150,23 @@ pub fn metrics_resource(
             esc(&c.pod)
         )
     };
+    // The kubelet's STABLE start time: seconds since the epoch, no sample timestamp.
+    family(
+        "container_start_time_seconds",
+        "Start time of the container since unix epoch in seconds",
+        "gauge",
+        containers
+            .iter()
+            .filter_map(|c| Some((lbl(c), c.created_nanos? as f64 / 1e9, None)))
+            .collect(),
+    );
     family(
         "container_cpu_usage_seconds_total",
         "Cumulative cpu time consumed by the container in core-seconds",
         "counter",
         containers
             .iter()
-            .filter_map(|c| Some((lbl(c), secs(c.cpu_core_nanos?), ms(c.cpu_at_nanos))))
+            .filter_map(|c| Some((lbl(c), secs(c.cpu_core_nanos?), Some(ms(c.cpu_at_nanos)))))
             .collect(),
     );
     family(
@@ -138,11 +175,17 @@ pub fn metrics_resource(
         "gauge",
         containers
             .iter()
-            .filter_map(|c| Some((lbl(c), c.memory_working_set? as f64, ms(c.memory_at_nanos))))
+            .filter_map(|c| {
+                Some((
+                    lbl(c),
+                    c.memory_working_set? as f64,
+                    Some(ms(c.memory_at_nanos)),
+                ))
+            })
             .collect(),
     );
     let node_rows = |f: &dyn Fn(&NodeSample) -> f64| {
-        node.map(|n| vec![(String::new(), f(n), ms(n.at_nanos))])
+        node.map(|n| vec![(String::new(), f(n), Some(ms(n.at_nanos)))])
             .unwrap_or_default()
     };
     family(
@@ -174,7 +217,7 @@ pub fn metrics_resource(
         "Cumulative cpu time consumed by the pod in core-seconds",
         "counter",
         pods.iter()
-            .map(|((ns, p), v)| (pl(ns, p), secs(v.0), ms(v.2)))
+            .map(|((ns, p), v)| (pl(ns, p), secs(v.0), Some(ms(v.2))))
             .collect(),
     );
     family(
@@ -182,7 +225,7 @@ pub fn metrics_resource(
         "Current working set of the pod in bytes",
         "gauge",
         pods.iter()
-            .map(|((ns, p), v)| (pl(ns, p), v.1 as f64, ms(v.3)))
+            .map(|((ns, p), v)| (pl(ns, p), v.1 as f64, Some(ms(v.3))))
             .collect(),
     );
     let _ = writeln!(
@@ -314,6 +357,9 @@ pub fn summary(
                 .iter()
                 .map(|c| {
                     let mut v = json!({"name": c.container});
+                    if let Some(t) = c.created_nanos {
+                        v["startTime"] = rfc3339(t).into();
+                    }
                     if let Some(n) = c.cpu_core_nanos {
                         v["cpu"] =
                             json!({"time": rfc3339(c.cpu_at_nanos), "usageCoreNanoSeconds": n});
@@ -528,6 +574,8 @@ mod tests {
             rootfs_inodes_used: Some(3),
             rootfs_at_nanos: 1_700_000_000_000_000_000,
             rootfs_mountpoint: Some("/var/lib/containerd".into()),
+            id: format!("id-{container}"),
+            created_nanos: Some(1_600_000_000_500_000_000),
         }
     }
 
@@ -564,6 +612,8 @@ mod tests {
             "pod_cpu_usage_seconds_total{namespace=\"vehicle\",pod=\"web\"} 2 1700000000000",
             "pod_memory_working_set_bytes{namespace=\"vehicle\",pod=\"web\"} 1024 1700000000000",
             "scrape_error 0",
+            "# TYPE container_start_time_seconds gauge",
+            "container_start_time_seconds{container=\"app\",namespace=\"vehicle\",pod=\"web\"} 1600000000.5",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing from:\n{text}");
         }
@@ -583,6 +633,24 @@ mod tests {
         assert_eq!(pod["containers"][0]["memory"]["workingSetBytes"], 8);
         assert_eq!(pod["containers"][0]["rootfs"]["usedBytes"], 4096);
         assert_eq!(pod["cpu"]["time"], "2023-11-14T22:13:20Z");
+        assert_eq!(pod["containers"][0]["startTime"], "2020-09-13T12:26:40Z");
+    }
+
+    #[test]
+    fn start_times_from_the_runtimes_container_list() {
+        let mut fresh = sample("app", 1, 1);
+        fresh.created_nanos = None;
+        let listed = |id: &str, at: i64| api::Container {
+            id: id.into(),
+            created_at: at,
+            ..Default::default()
+        };
+        let got = with_start_times(
+            vec![fresh.clone(), sample("side", 1, 1)],
+            &[listed("id-app", 42), listed("other", 7)],
+        );
+        assert_eq!(got[0].created_nanos, Some(42));
+        assert_eq!(got[1].created_nanos, None, "not listed: none");
     }
 
     #[test]
