@@ -956,6 +956,11 @@ async fn stats_summary_against_containerd_and_the_host() {
         data_fs.1
     );
 
+    // The pod's start time: when containerd created its sandbox (to the second).
+    assert_eq!(
+        edgehub::logs::rfc3339_nanos(pod["startTime"].as_str().unwrap()),
+        Some(sandbox.created_at as i128 / 1_000_000_000 * 1_000_000_000)
+    );
     // The pod's eth0, in the sandbox's namespace: the blob went out through it.
     let net = &pod["network"];
     assert_eq!(net["name"], "eth0");

@@ -263,6 +263,8 @@ pub struct PodExtra {
     pub volumes: BTreeMap<String, Usage>,
     /// The network namespace of the pod's sandbox (the host's for a hostNetwork pod).
     pub network: Option<NetSample>,
+    /// When the runtime created the pod's sandbox (the kubelet's pod `startTime`).
+    pub created_nanos: Option<i64>,
 }
 
 /// What `/stats/summary` says beyond CPU and memory: the node's filesystems and network, and
@@ -395,6 +397,9 @@ pub fn summary(
                 "memory": {"time": rfc3339(at), "workingSetBytes": mem},
             });
             if let Some(p) = pod_extra {
+                if let Some(t) = p.created_nanos {
+                    v["startTime"] = rfc3339(t).into();
+                }
                 let volumes: Vec<Value> = p
                     .volumes
                     .iter()
@@ -449,9 +454,10 @@ pub async fn sample_extra(
     use crate::cri::CriRuntime;
     let at_nanos = now_nanos();
     let mut image_fs: Option<(ImageFs, Option<String>)> = None;
-    let mut pids: BTreeMap<String, Option<u32>> = containers
+    // By pod UID: the sandbox's pid and creation time.
+    let mut by_pod: BTreeMap<String, (Option<u32>, Option<i64>)> = containers
         .iter()
-        .map(|c| (c.pod_uid.clone(), None))
+        .map(|c| (c.pod_uid.clone(), (None, None)))
         .collect();
     if let Some(cri) = cri {
         match cri.image_fs_info().await {
@@ -483,7 +489,7 @@ pub async fn sample_extra(
                     };
                     match cri.sandbox_pid(&sb.id).await {
                         Ok(pid) => {
-                            pids.insert(uid.clone(), pid);
+                            by_pod.insert(uid.clone(), (pid, Some(sb.created_at)));
                         }
                         Err(e) => {
                             tracing::debug!(error = %e, sandbox = %sb.id, "node API: PodSandboxStatus failed")
@@ -500,9 +506,9 @@ pub async fn sample_extra(
         .collect();
     let data_dir = data_dir.to_path_buf();
     let job = tokio::task::spawn_blocking(move || {
-        let pods = pids
+        let pods = by_pod
             .into_iter()
-            .filter_map(|(uid, pid)| {
+            .filter_map(|(uid, (pid, created_nanos))| {
                 let dir = crate::logs::pod_log_dir(&data_dir, &uid)?;
                 let empty_dirs = dir.parent()?.join("volumes/empty-dir");
                 let volumes = std::fs::read_dir(&empty_dirs)
@@ -520,6 +526,7 @@ pub async fn sample_extra(
                     logs: usage::logs_by_container(&usage::log_files(&dir)),
                     volumes,
                     network: pid.and_then(|p| usage::net_of(Some(p), at_nanos)),
+                    created_nanos,
                 };
                 Some((uid, extra))
             })
@@ -705,6 +712,7 @@ mod tests {
                         },
                     )]),
                     network: Some(net),
+                    created_nanos: Some(1_600_000_000_000_000_000),
                 },
             )]),
         };
@@ -730,6 +738,7 @@ mod tests {
         assert_eq!(app["logs"]["usedBytes"], 8192);
         assert_eq!(app["logs"]["capacityBytes"], 10_000_000);
         assert!(pod["containers"][1].get("logs").is_none());
+        assert_eq!(pod["startTime"], "2020-09-13T12:26:40Z");
         assert_eq!(pod["network"]["name"], "eth0");
         assert_eq!(pod["network"]["txBytes"], 20);
         assert_eq!(pod["volume"][0]["name"], "data");
