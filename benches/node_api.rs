@@ -9,9 +9,8 @@
 
 mod support;
 
-use edgehub_testsupport::{Approval, FakeApiServer, ADMIN_TOKEN, KUBELET_SERVING_SIGNER};
+use edgehub_testsupport::{FakeApiServer, ADMIN_TOKEN};
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 use support::{metric, Edge};
 
@@ -35,51 +34,9 @@ fn sample(e: &Edge) -> Option<Rss> {
 /// One request to the node API over TLS (the server's certificate not checked here: the
 /// tests check it), with the admin token: its status.
 async fn healthz(addr: &str) -> Option<u16> {
-    #[derive(Debug)]
-    struct Any;
-    impl rustls::client::danger::ServerCertVerifier for Any {
-        fn verify_server_cert(
-            &self,
-            _: &rustls::pki_types::CertificateDer<'_>,
-            _: &[rustls::pki_types::CertificateDer<'_>],
-            _: &rustls::pki_types::ServerName<'_>,
-            _: &[u8],
-            _: rustls::pki_types::UnixTime,
-        ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-            Ok(rustls::client::danger::ServerCertVerified::assertion())
-        }
-        fn verify_tls12_signature(
-            &self,
-            _: &[u8],
-            _: &rustls::pki_types::CertificateDer<'_>,
-            _: &rustls::DigitallySignedStruct,
-        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-            Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-        }
-        fn verify_tls13_signature(
-            &self,
-            _: &[u8],
-            _: &rustls::pki_types::CertificateDer<'_>,
-            _: &rustls::DigitallySignedStruct,
-        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-            Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-        }
-        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-            rustls::crypto::ring::default_provider()
-                .signature_verification_algorithms
-                .supported_schemes()
-        }
-    }
-    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .ok()?
-    .dangerous()
-    .with_custom_certificate_verifier(Arc::new(Any))
-    .with_no_client_auth();
+    let cfg = support::any_server_cert();
     let tcp = tokio::net::TcpStream::connect(addr).await.ok()?;
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+    let tls = tokio_rustls::TlsConnector::from(cfg)
         .connect(
             rustls::pki_types::ServerName::try_from("127.0.0.1")
                 .ok()?
@@ -103,16 +60,7 @@ async fn healthz(addr: &str) -> Option<u16> {
 
 async fn idle(bin: &Path, on: bool) -> Option<Rss> {
     let server = FakeApiServer::start().await.ok()?;
-    server.set_csr_approver(Some(Arc::new(|r: &edgehub_testsupport::CsrRequest| {
-        if r.signer_name == KUBELET_SERVING_SIGNER {
-            Approval::Approve {
-                reason: "BenchApproved".into(),
-                message: "bench".into(),
-            }
-        } else {
-            Approval::Pending
-        }
-    })));
+    support::approve_serving_csrs(&server);
     let dir = tempfile::tempdir().ok()?;
     let name = format!("nodeapi-{}", if on { "on" } else { "off" });
     let addr = format!("127.0.0.1:{}", support::free_port());

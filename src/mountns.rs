@@ -210,7 +210,7 @@ pub fn import(pid: u32, path: &Path) -> std::io::Result<()> {
     attach(&tree, &target)
 }
 
-/// A filesystem's size and free space, as `statvfs(3)` reports them, in bytes.
+/// A filesystem's size and free space, as `statvfs(3)` reports them, in bytes, and its inodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FsStats {
     pub total_bytes: u64,
@@ -218,6 +218,9 @@ pub struct FsStats {
     pub free_bytes: u64,
     /// Free to an unprivileged writer (root's reserve excluded).
     pub available_bytes: u64,
+    /// Inodes in all, and free ones.
+    pub inodes: u64,
+    pub inodes_free: u64,
 }
 
 /// The filesystem holding `path`; `None` when it cannot be read.
@@ -235,15 +238,19 @@ pub fn fs_stats(path: &Path) -> Option<FsStats> {
     let st = unsafe { st.assume_init() };
     // The field types differ between libc targets (u64 here, u32 on some 32-bit ones).
     #[allow(clippy::unnecessary_cast)]
-    let (blocks, free, avail, frsize) = (
+    let (blocks, free, avail, frsize, files, ffree) = (
         st.f_blocks as u64,
         st.f_bfree as u64,
         st.f_bavail as u64,
         st.f_frsize as u64,
+        st.f_files as u64,
+        st.f_ffree as u64,
     );
     Some(FsStats {
         total_bytes: blocks.saturating_mul(frsize),
         free_bytes: free.saturating_mul(frsize),
         available_bytes: avail.saturating_mul(frsize),
+        inodes: files,
+        inodes_free: ffree,
     })
 }

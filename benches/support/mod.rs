@@ -318,3 +318,67 @@ pub fn clock_ticks_per_sec() -> f64 {
         100.0
     }
 }
+
+/// A TLS client configuration that takes any server certificate (the benches measure; the
+/// tests check the certificates).
+pub fn any_server_cert() -> std::sync::Arc<rustls::ClientConfig> {
+    #[derive(Debug)]
+    struct Any;
+    impl rustls::client::danger::ServerCertVerifier for Any {
+        fn verify_server_cert(
+            &self,
+            _: &rustls::pki_types::CertificateDer<'_>,
+            _: &[rustls::pki_types::CertificateDer<'_>],
+            _: &rustls::pki_types::ServerName<'_>,
+            _: &[u8],
+            _: rustls::pki_types::UnixTime,
+        ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+            Ok(rustls::client::danger::ServerCertVerified::assertion())
+        }
+        fn verify_tls12_signature(
+            &self,
+            _: &[u8],
+            _: &rustls::pki_types::CertificateDer<'_>,
+            _: &rustls::DigitallySignedStruct,
+        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+            Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+        }
+        fn verify_tls13_signature(
+            &self,
+            _: &[u8],
+            _: &rustls::pki_types::CertificateDer<'_>,
+            _: &rustls::DigitallySignedStruct,
+        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+            Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+        }
+        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+            rustls::crypto::ring::default_provider()
+                .signature_verification_algorithms
+                .supported_schemes()
+        }
+    }
+    let cfg = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("TLS versions")
+    .dangerous()
+    .with_custom_certificate_verifier(std::sync::Arc::new(Any))
+    .with_no_client_auth();
+    std::sync::Arc::new(cfg)
+}
+
+/// Has `server` approve every kubelet-serving CSR at once (the node API's certificate).
+pub fn approve_serving_csrs(server: &FakeApiServer) {
+    use edgehub_testsupport::{Approval, CsrRequest, KUBELET_SERVING_SIGNER};
+    server.set_csr_approver(Some(std::sync::Arc::new(|r: &CsrRequest| {
+        if r.signer_name == KUBELET_SERVING_SIGNER {
+            Approval::Approve {
+                reason: "BenchApproved".into(),
+                message: "bench".into(),
+            }
+        } else {
+            Approval::Pending
+        }
+    })));
+}

@@ -87,17 +87,41 @@ impl CriClient {
     /// The mountpoint of the runtime's image filesystem (CRI `ImageFsInfo`), where image
     /// imports take their space from; `None` when the runtime reports none.
     pub async fn image_fs_mountpoint(&self) -> Result<Option<PathBuf>, CriError> {
+        Ok(self
+            .image_fs_info()
+            .await?
+            .into_iter()
+            .filter_map(|f| f.fs_id.map(|i| i.mountpoint))
+            .find(|m| !m.is_empty())
+            .map(PathBuf::from))
+    }
+
+    /// The runtime's image filesystems and what images use on them (CRI `ImageFsInfo`).
+    pub async fn image_fs_info(&self) -> Result<Vec<api::FilesystemUsage>, CriError> {
         let mut c = self.images.clone();
         let r = self
             .call("ImageFsInfo", CALL, || {
                 c.image_fs_info(req(api::ImageFsInfoRequest {}, CALL))
             })
             .await?;
-        Ok(r.image_filesystems
-            .into_iter()
-            .filter_map(|f| f.fs_id.map(|i| i.mountpoint))
-            .find(|m| !m.is_empty())
-            .map(PathBuf::from))
+        Ok(r.image_filesystems)
+    }
+
+    /// The pid of a sandbox's process (the pause container, whose namespaces the pod's
+    /// containers join), from the runtime's verbose `PodSandboxStatus` (containerd: `pid` in
+    /// the `info` JSON); `None` when the runtime does not say.
+    pub async fn sandbox_pid(&self, id: &str) -> Result<Option<u32>, CriError> {
+        let mut c = self.runtime.clone();
+        let msg = api::PodSandboxStatusRequest {
+            pod_sandbox_id: id.to_string(),
+            verbose: true,
+        };
+        let r = self
+            .call("PodSandboxStatus", CALL, || {
+                c.pod_sandbox_status(req(msg, CALL))
+            })
+            .await?;
+        Ok(super::sandbox_info_pid(&r.info))
     }
 
     /// The runtime's statistics of the containers whose labels include `labels` (CRI

@@ -68,6 +68,16 @@ impl CriError {
     }
 }
 
+/// The sandbox's pid in a verbose `PodSandboxStatus`'s `info` (containerd puts a JSON
+/// document under `info` whose `pid` is the pause process); pure.
+pub fn sandbox_info_pid(info: &HashMap<String, String>) -> Option<u32> {
+    let doc: serde_json::Value = serde_json::from_str(info.get("info")?).ok()?;
+    doc.get("pid")?
+        .as_u64()
+        .and_then(|p| u32::try_from(p).ok())
+        .filter(|p| *p > 0)
+}
+
 /// What edgehub needs from a container runtime.
 pub trait CriRuntime: Send + Sync {
     fn version(&self) -> impl Future<Output = Result<api::VersionResponse, CriError>> + Send;
@@ -146,4 +156,21 @@ pub trait CriStreaming: Send + Sync {
         &self,
         req: api::PortForwardRequest,
     ) -> impl Future<Output = Result<String, CriError>> + Send;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sandbox_pid_from_containerds_verbose_status() {
+        let info = |v: &str| HashMap::from([("info".to_string(), v.to_string())]);
+        assert_eq!(
+            sandbox_info_pid(&info(r#"{"pid":4242,"processStatus":"running"}"#)),
+            Some(4242)
+        );
+        assert_eq!(sandbox_info_pid(&info(r#"{"pid":0}"#)), None);
+        assert_eq!(sandbox_info_pid(&info("not json")), None);
+        assert_eq!(sandbox_info_pid(&HashMap::new()), None);
+    }
 }

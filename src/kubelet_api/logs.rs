@@ -101,6 +101,20 @@ fn refuse(status: u16, text: impl Into<String>) -> Refusal {
     }
 }
 
+/// How a follow asks the runtime whether its container still runs: the kubelet ends a follow
+/// once the container has stopped, not when the next attempt starts (a crash-looping one
+/// waits out its backoff in between).
+pub struct Liveness {
+    pub cri: crate::cri::CriClient,
+    /// The labels that find the pod's containers of that name (this node's).
+    pub labels: std::collections::HashMap<String, String>,
+    /// The runtime the asking task blocks on (it runs on the blocking pool).
+    pub handle: tokio::runtime::Handle,
+}
+
+/// How often a follow at the end of its file asks the runtime.
+const LIVENESS_EVERY: Duration = Duration::from_secs(1);
+
 /// An opened log, ready to stream.
 pub struct LogStream {
     reader: LogReader<std::fs::File>,
@@ -110,6 +124,9 @@ pub struct LogStream {
     attempt: u32,
     container: String,
     idle: Duration,
+    live: Option<Liveness>,
+    /// When the runtime may be asked next.
+    next_ask: std::sync::Mutex<std::time::Instant>,
 }
 
 fn now_nanos() -> i128 {
@@ -144,8 +161,15 @@ pub fn open(
         .ok_or_else(|| refuse(400, format!("pod {pod_name} has no log directory")))?;
     let found = logs::attempts(&dir, &choice.container)
         .map_err(|e| refuse(500, format!("reading {}: {e}", dir.display())))?;
-    let (attempt, path) = logs::pick(&found, q.previous, &choice.container, &pod_name)
-        .map_err(|e| refuse(400, e.to_string()))?;
+    let (attempt, path) =
+        logs::pick(&found, q.previous, &choice.container, &pod_name).map_err(|e| match e {
+            // The kubelet's words (kubectl prints them), with the pod's name alone.
+            logs::LogsError::NoPrevious { container, .. } => refuse(
+                400,
+                format!("previous terminated container {container:?} in pod {pod:?} not found"),
+            ),
+            e => refuse(400, e.to_string()),
+        })?;
     let mut reader = LogReader::open(&path, q.tail_lines)
         .map_err(|e| refuse(500, format!("opening {}: {e}", path.display())))?;
     reader.set_shape(Shape {
@@ -160,12 +184,54 @@ pub fn open(
         attempt,
         container: choice.container,
         idle,
+        live: None,
+        next_ask: std::sync::Mutex::new(std::time::Instant::now()),
     })
 }
 
 impl LogStream {
     pub fn follows(&self) -> bool {
         self.q.follow
+    }
+
+    /// A follow that also ends once the runtime says the container stopped.
+    pub fn with_liveness(mut self, live: Liveness) -> LogStream {
+        self.live = Some(live);
+        self
+    }
+
+    /// The runtime has this attempt's container, and it no longer runs (at most once a
+    /// second; a runtime that cannot answer ends nothing).
+    fn stopped(&self) -> bool {
+        use crate::cri::{api, CriRuntime};
+        let Some(live) = &self.live else {
+            return false;
+        };
+        {
+            let mut next = self.next_ask.lock().unwrap_or_else(|p| p.into_inner());
+            let now = std::time::Instant::now();
+            if now < *next {
+                return false;
+            }
+            *next = now + LIVENESS_EVERY;
+        }
+        match live
+            .handle
+            .block_on(live.cri.list_containers(live.labels.clone()))
+        {
+            Ok(cs) => cs
+                .iter()
+                .find(|c| {
+                    c.metadata
+                        .as_ref()
+                        .is_some_and(|m| m.name == self.container && m.attempt == self.attempt)
+                })
+                .is_some_and(|c| c.state != api::ContainerState::ContainerRunning as i32),
+            Err(e) => {
+                tracing::debug!(error = %e, "node API: cannot ask the runtime whether a followed container runs");
+                false
+            }
+        }
     }
 
     /// Starts the reading task; chunks come out of the receiver until the log ends.
@@ -189,12 +255,14 @@ impl logs::follow::Followed for LogStream {
     fn parts(&mut self) -> (&mut LogReader<std::fs::File>, &Path) {
         (&mut self.reader, &self.path)
     }
-    /// A newer attempt replaced the one followed, or the pod's logs are gone.
+    /// A newer attempt replaced the one followed, the pod's logs are gone, or the runtime
+    /// says the container stopped.
     fn superseded(&self) -> bool {
         !self.dir.exists()
             || logs::attempts(&self.dir, &self.container)
                 .map(|f| f.iter().any(|(a, _)| *a > self.attempt))
                 .unwrap_or(true)
+            || self.stopped()
     }
 }
 

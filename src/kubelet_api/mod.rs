@@ -25,6 +25,7 @@ pub mod reviews;
 pub mod splice;
 pub mod stats;
 pub mod streams;
+pub mod usage;
 
 use crate::identity::serving::{ServingPair, ServingWatch};
 use crate::store::Store;
@@ -297,6 +298,12 @@ impl KubeletApi {
                 },
                 _ = shutdown.changed() => return,
             };
+            // Answers go out in several writes (TLS records, headers, chunks): without
+            // TCP_NODELAY each small one after the first waits for the client's delayed ACK,
+            // 40 ms a request (benches/kubelet_logs.rs; Go's servers, the kubelet's too, set it).
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(error = %e, "node API: cannot set TCP_NODELAY");
+            }
             let Ok(permit) = self.connections.clone().try_acquire_owned() else {
                 tracing::debug!("node API: connection limit reached; closing a new connection");
                 continue;
@@ -424,8 +431,18 @@ impl KubeletApi {
                     crate::cri::labels::NODE.to_string(),
                     self.node_name.clone(),
                 )]);
-                match cri.list_container_stats(filter).await {
-                    Ok(s) => s.iter().filter_map(stats::container_sample).collect(),
+                match cri.list_container_stats(filter.clone()).await {
+                    Ok(s) => {
+                        let samples = s.iter().filter_map(stats::container_sample).collect();
+                        // Their start times; without them the rest is still worth serving.
+                        match crate::cri::CriRuntime::list_containers(cri, filter).await {
+                            Ok(listed) => stats::with_start_times(samples, &listed),
+                            Err(e) => {
+                                tracing::debug!(error = %e, "node API: ListContainers failed");
+                                samples
+                            }
+                        }
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "node API: ListContainerStats failed");
                         error = true;
@@ -452,7 +469,14 @@ impl KubeletApi {
                 "Internal Error: the runtime's container stats are unavailable",
             )
         } else {
-            let body = stats::summary(&self.node_name, node.as_ref(), &containers);
+            let extra = stats::sample_extra(
+                self.cri.as_ref(),
+                &self.node_name,
+                &self.data_dir,
+                &containers,
+            )
+            .await;
+            let body = stats::summary(&self.node_name, node.as_ref(), &containers, &extra);
             let mut r = text(200, body.to_string());
             r.headers_mut().insert(
                 hyper::header::CONTENT_TYPE,
@@ -474,6 +498,15 @@ impl KubeletApi {
         };
         let store = self.store.clone();
         let dir = self.data_dir.clone();
+        // The pod's containers in the runtime, for a follow to ask whether its own still runs.
+        let pod_labels = std::collections::HashMap::from([
+            (crate::cri::labels::NODE.to_string(), self.node_name.clone()),
+            (
+                crate::cri::labels::POD_NAMESPACE.to_string(),
+                ns.to_string(),
+            ),
+            (crate::cri::labels::POD_NAME.to_string(), pod.to_string()),
+        ]);
         let (ns, pod, container) = (ns.to_string(), pod.to_string(), container.to_string());
         let query = query.map(str::to_string);
         let idle = self.idle;
@@ -482,7 +515,14 @@ impl KubeletApi {
         })
         .await;
         let log = match opened {
-            Ok(Ok(l)) => l,
+            Ok(Ok(l)) => match &self.cri {
+                Some(cri) if l.follows() => l.with_liveness(logs::Liveness {
+                    cri: cri.clone(),
+                    labels: pod_labels,
+                    handle: tokio::runtime::Handle::current(),
+                }),
+                _ => l,
+            },
             Ok(Err(r)) => return text(r.status, r.text),
             Err(e) => return text(500, format!("opening the log: {e}")),
         };
