@@ -570,7 +570,6 @@ async fn previous_and_follow_across_a_real_restart() {
 
 /// About 200 numbered lines a second, 100 bytes each.
 fn chatty(node: &str) -> serde_json::Value {
-    let pad = "x".repeat(80);
     json!({
         "metadata": {"name": "chatty", "namespace": NS, "uid": format!("nodeapi-rot-{}", std::process::id()), "resourceVersion": "1"},
         "spec": {
@@ -578,18 +577,10 @@ fn chatty(node: &str) -> serde_json::Value {
             "hostNetwork": true,
             "automountServiceAccountToken": false,
             "terminationGracePeriodSeconds": 0,
-            "containers": [{"name": "chatty", "image": "127.0.0.1:5000/busybox:1.0", "imagePullPolicy": "IfNotPresent",
-                "command": ["sh", "-c", format!("i=0; while true; do for j in 1 2 3 4 5 6 7 8 9 10; do i=$((i+1)); echo \"seq $i {pad}\"; done; sleep 0.05; done")]}]
+            "containers": [common::chatty_container("chatty")]
         },
         "status": {"phase": "Pending"}
     })
-}
-
-fn seq(line: &str) -> u64 {
-    line.strip_prefix("seq ")
-        .and_then(|r| r.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("not a seq line: {line:.60}"))
 }
 
 /// `kubectl logs -f` across real rotations (at 16 KiB, checked every second): every line
@@ -633,7 +624,7 @@ async fn follow_across_real_rotations() {
         pending.push_str(std::str::from_utf8(&chunk).unwrap());
         while let Some(at) = pending.find('\n') {
             let line: String = pending.drain(..=at).collect();
-            let n = seq(line.trim_end());
+            let n = common::seq(line.trim_end());
             if let Some(l) = last {
                 assert_eq!(n, l + 1, "every line once, in order, across rotations");
             }
@@ -657,7 +648,7 @@ async fn follow_across_real_rotations() {
             b.lines().count() == 5
         })
         .await;
-    let got: Vec<u64> = body.lines().map(seq).collect();
+    let got: Vec<u64> = body.lines().map(common::seq).collect();
     assert!(got.windows(2).all(|w| w[1] == w[0] + 1), "{body:.300}");
     let followed_to = last.unwrap();
     assert!(

@@ -373,7 +373,6 @@ async fn edgehub_logs_reads_a_real_containers_cri_logs() {
 /// each), and whose `restarts` container prints its run and exits, so the runtime restarts it
 /// after its crash-loop backoff (10 s, then 20 s).
 fn chatty_pod(node: &str) -> serde_json::Value {
-    let pad = "x".repeat(80);
     json!({
         "metadata": {"name": "chatty", "namespace": NS, "uid": format!("rot-{}", std::process::id()), "resourceVersion": "1"},
         "spec": {
@@ -382,21 +381,13 @@ fn chatty_pod(node: &str) -> serde_json::Value {
             "automountServiceAccountToken": false,
             "terminationGracePeriodSeconds": 0,
             "containers": [
-                {"name": "chatty", "image": "127.0.0.1:5000/busybox:1.0", "imagePullPolicy": "IfNotPresent",
-                 "command": ["sh", "-c", format!("i=0; while true; do for j in 1 2 3 4 5 6 7 8 9 10; do i=$((i+1)); echo \"seq $i {pad}\"; done; sleep 0.05; done")]},
+                common::chatty_container("chatty"),
                 {"name": "restarts", "image": "127.0.0.1:5000/busybox:1.0", "imagePullPolicy": "IfNotPresent",
                  "command": ["sh", "-c", "echo started; sleep 0.5; exit 1"]}
             ]
         },
         "status": {"phase": "Pending"}
     })
-}
-
-fn seq(line: &str) -> u64 {
-    line.strip_prefix("seq ")
-        .and_then(|r| r.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("not a seq line: {line:.60}"))
 }
 
 /// The files in the pod's log dir, with their sizes.
@@ -524,7 +515,7 @@ async fn a_chatty_containers_log_is_rotated_and_old_attempts_are_removed() {
             |o| !o.trim().is_empty(),
         )
         .await;
-    let upto = seq(out.trim());
+    let upto = common::seq(out.trim());
     let next_line = |rx: &mpsc::Receiver<String>, follow: &mut Child| match rx
         .recv_timeout(Duration::from_secs(10))
     {
@@ -537,9 +528,9 @@ async fn a_chatty_containers_log_is_rotated_and_old_attempts_are_removed() {
             panic!("the follow stopped ({e:?}; {:?}): {err}", follow.try_wait());
         }
     };
-    let mut last = seq(&next_line(&rx, &mut follow));
+    let mut last = common::seq(&next_line(&rx, &mut follow));
     while last < upto {
-        let next = seq(&next_line(&rx, &mut follow));
+        let next = common::seq(&next_line(&rx, &mut follow));
         assert_eq!(
             next,
             last + 1,
@@ -560,7 +551,7 @@ async fn a_chatty_containers_log_is_rotated_and_old_attempts_are_removed() {
             |o| o.lines().count() >= 5,
         )
         .await;
-    let got: Vec<u64> = out.lines().map(seq).collect();
+    let got: Vec<u64> = out.lines().map(common::seq).collect();
     assert!(got.windows(2).all(|w| w[1] == w[0] + 1), "{out:.300}");
     assert!(got[0] > 1, "the current file starts after the rotated ones");
     let out = env
@@ -571,7 +562,7 @@ async fn a_chatty_containers_log_is_rotated_and_old_attempts_are_removed() {
             |o| o.lines().count() == 5,
         )
         .await;
-    let got: Vec<u64> = out.lines().map(seq).collect();
+    let got: Vec<u64> = out.lines().map(common::seq).collect();
     assert!(got.windows(2).all(|w| w[1] == w[0] + 1), "{out}");
 
     // The restarting container: once its third attempt runs, the first attempt's log is

@@ -338,3 +338,19 @@ pub async fn exec(c: &edgehub::cri::CriClient, id: &str, cmd: &[&str]) -> String
         .unwrap();
     String::from_utf8_lossy(&r.stdout).into_owned()
 }
+
+/// A container that writes numbered lines fast (`seq <n> xxx…`, ten every 50 ms, about 90
+/// bytes each): the log rotation and follow tests count on every number once, in order.
+pub fn chatty_container(name: &str) -> serde_json::Value {
+    let pad = "x".repeat(80);
+    serde_json::json!({"name": name, "image": "127.0.0.1:5000/busybox:1.0", "imagePullPolicy": "IfNotPresent",
+        "command": ["sh", "-c", format!("i=0; while true; do for j in 1 2 3 4 5 6 7 8 9 10; do i=$((i+1)); echo \"seq $i {pad}\"; done; sleep 0.05; done")]})
+}
+
+/// The number of a [`chatty_container`]'s line.
+pub fn seq(line: &str) -> u64 {
+    line.strip_prefix("seq ")
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("not a seq line: {line:.60}"))
+}
