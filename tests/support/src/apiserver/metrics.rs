@@ -150,10 +150,16 @@ pub(super) fn go_duration(ms: i64) -> String {
     }
 }
 
-/// The two latest scrapes per node, as metrics-server keeps them.
+/// metrics-server's resolution, shortened for tests: an answer comes from the two latest
+/// scrapes until they are this old, and a new scrape is taken at least this long after the
+/// one before it (a shorter window shows a counter that has not moved yet).
+const RESOLUTION: Duration = Duration::from_millis(1100);
+
+/// The two latest scrapes per node and when the later was taken, as metrics-server keeps
+/// them.
 #[derive(Default)]
 pub(super) struct Scrapes {
-    last: HashMap<String, Scrape>,
+    pairs: HashMap<String, (Scrape, Scrape, std::time::Instant)>,
 }
 
 async fn scrape_once(state: &State, to: &KubeletAddr) -> Option<Scrape> {
@@ -170,26 +176,29 @@ async fn scrape_once(state: &State, to: &KubeletAddr) -> Option<Scrape> {
     Some(parse_scrape(&String::from_utf8_lossy(&body)))
 }
 
-/// A fresh scrape of `node` and an earlier one to take rates from.
+/// The two latest scrapes of `node`: the stored ones while fresh, else the later of them
+/// and a new one, else (the first time) two new ones a resolution apart.
 async fn two_scrapes(state: &State, node: &str, to: &KubeletAddr) -> Option<(Scrape, Scrape)> {
-    let now = scrape_once(state, to).await?;
-    let prev = lock(&state.metrics).last.get(node).cloned();
-    let later = |p: &Scrape| match (p.node, now.node) {
-        (Some(a), Some(b)) => b.cpu_ms > a.cpu_ms,
-        _ => false,
-    };
-    let pair = match prev.filter(later) {
-        Some(p) => (p, now),
+    let stored = lock(&state.metrics).pairs.get(node).cloned();
+    if let Some((a, b, at)) = &stored {
+        if at.elapsed() < RESOLUTION {
+            return Some((a.clone(), b.clone()));
+        }
+    }
+    let first = match stored {
+        Some((_, b, _)) => b,
         None => {
-            // metrics-server's first answer needs two scrapes; take the second a second later.
-            tokio::time::sleep(Duration::from_millis(1100)).await;
-            (now, scrape_once(state, to).await?)
+            let first = scrape_once(state, to).await?;
+            tokio::time::sleep(RESOLUTION).await;
+            first
         }
     };
-    lock(&state.metrics)
-        .last
-        .insert(node.to_string(), pair.1.clone());
-    Some(pair)
+    let now = scrape_once(state, to).await?;
+    lock(&state.metrics).pairs.insert(
+        node.to_string(),
+        (first.clone(), now.clone(), std::time::Instant::now()),
+    );
+    Some((first, now))
 }
 
 fn meta(obj: &Value, now: &str) -> Value {
