@@ -82,7 +82,27 @@ async fn serve_one(
         headers,
         client,
     });
-    if path.contains("/ghost") {
+    if path == "/metrics/resource" {
+        // Counters that grow at 250 millicores (the container) and 500 (the node).
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        let (secs, ms) = (now.as_secs_f64() - 1.7e9, now.as_millis());
+        let body = format!(
+            "# TYPE container_cpu_usage_seconds_total counter\n\
+             container_cpu_usage_seconds_total{{container=\"app\",namespace=\"default\",pod=\"web\"}} {} {ms}\n\
+             container_memory_working_set_bytes{{container=\"app\",namespace=\"default\",pod=\"web\"}} 4194304 {ms}\n\
+             container_cpu_usage_seconds_total{{container=\"app\",namespace=\"default\",pod=\"gone\"}} 1 {ms}\n\
+             node_cpu_usage_seconds_total {} {ms}\nnode_memory_working_set_bytes 1073741824 {ms}\nscrape_error 0\n",
+            secs * 0.25,
+            secs * 0.5
+        );
+        let resp = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        tls.write_all(resp.as_bytes()).await?;
+    } else if path.contains("/ghost") {
         let body = "pod default/ghost not found on this node\n";
         let resp = format!("HTTP/1.1 404 Not Found\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\n\r\n{body}", body.len());
         tls.write_all(resp.as_bytes()).await?;
@@ -481,4 +501,110 @@ async fn discovery_is_the_recorded_documents_cut_to_what_the_fake_serves() {
     // Discovery needs a user, as with --anonymous-auth=false.
     let (code, _) = s.raw(None, "GET", "/api", None, None).await.unwrap();
     assert_eq!(code, 401);
+}
+
+/// metrics.k8s.io from the kubelets' `/metrics/resource`, as metrics-server computes it: the
+/// counters' rate over the window between two scrapes, the working set as it is.
+#[tokio::test]
+async fn metrics_are_rates_between_two_scrapes() {
+    let (s, log) = cluster().await;
+    // Only edge-1 has a kubelet that answers; edge-2's port is closed, edge-3 shares edge-1's.
+    s.remove("nodes", "", "edge-3");
+    let (code, nodes) = s
+        .raw(
+            Some(ADMIN_TOKEN),
+            "GET",
+            "/apis/metrics.k8s.io/v1beta1/nodes",
+            None,
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(code, 200, "{nodes}");
+    assert_eq!(nodes["kind"], "NodeMetricsList");
+    assert_eq!(nodes["apiVersion"], "metrics.k8s.io/v1beta1");
+    let items = nodes["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{nodes}");
+    let n = &items[0];
+    assert_eq!(n["metadata"]["name"], "edge-1");
+    assert_eq!(n["usage"]["memory"], "1Gi");
+    let cpu = n["usage"]["cpu"].as_str().unwrap();
+    let nanocores: f64 = cpu.trim_end_matches('n').parse().unwrap();
+    assert!((nanocores - 5e8).abs() < 5e7, "{cpu}");
+    let window = n["window"].as_str().unwrap();
+    assert!(window.ends_with('s') && window.starts_with('1'), "{window}");
+    // Two scrapes of edge-1, a resolution apart; pods come from the same two.
+    let scrapes = log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| r.path == "/metrics/resource")
+        .count();
+    assert_eq!(scrapes, 2);
+    let (code, pods) = s
+        .raw(
+            Some(ADMIN_TOKEN),
+            "GET",
+            "/apis/metrics.k8s.io/v1beta1/namespaces/default/pods",
+            None,
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(code, 200, "{pods}");
+    let items = pods["items"].as_array().unwrap();
+    // `gone` is not a pod the apiserver knows: left out, as metrics-server does.
+    assert_eq!(items.len(), 1, "{pods}");
+    let p = &items[0];
+    assert_eq!(p["kind"], "PodMetrics");
+    assert_eq!(
+        (
+            p["metadata"]["name"].as_str(),
+            p["metadata"]["namespace"].as_str()
+        ),
+        (Some("web"), Some("default"))
+    );
+    assert_eq!(p["containers"][0]["name"], "app");
+    assert_eq!(p["containers"][0]["usage"]["memory"], "4Mi");
+    let cpu = p["containers"][0]["usage"]["cpu"].as_str().unwrap();
+    let nanocores: f64 = cpu.trim_end_matches('n').parse().unwrap();
+    assert!((nanocores - 2.5e8).abs() < 2.5e7, "{cpu}");
+    let (code, one) = s
+        .raw(
+            Some(ADMIN_TOKEN),
+            "GET",
+            "/apis/metrics.k8s.io/v1beta1/namespaces/default/pods/web",
+            None,
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!((code, &one["metadata"]["name"]), (200, &json!("web")));
+    let (code, _) = s
+        .raw(
+            Some(ADMIN_TOKEN),
+            "GET",
+            "/apis/metrics.k8s.io/v1beta1/nodes/edge-2",
+            None,
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(code, 404);
+    // RBAC: metrics are for users allowed them.
+    let (code, got) = s
+        .raw(
+            Some(AGENT_TOKEN),
+            "GET",
+            "/apis/metrics.k8s.io/v1beta1/nodes",
+            None,
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(code, 403, "{got}");
+    assert_eq!(
+        got["message"],
+        "nodes.metrics.k8s.io is forbidden: User \"edge-agent\" cannot list resource \"nodes\" in API group \"metrics.k8s.io\" at the cluster scope"
+    );
 }
