@@ -308,23 +308,38 @@ fn assert_as_recorded(name: &str, got: &edgehub_testsupport::RawAnswer, seen: &[
     }
 }
 
+/// Replays each fixture and checks it is answered and forwarded as recorded.
+async fn replay_all(s: &FakeApiServer, log: &Log, names: &[&str]) {
+    for name in names {
+        let (got, seen) = replay(s, log, name).await;
+        assert_as_recorded(name, &got, &seen);
+    }
+}
+
+/// A GET as `token`: the status code and the JSON body.
+async fn get(s: &FakeApiServer, token: &str, path: &str) -> (u16, Value) {
+    s.raw(Some(token), "GET", path, None, None).await.unwrap()
+}
+
 #[tokio::test]
 async fn logs_answer_and_forward_as_recorded() {
     let (s, log) = cluster().await;
-    for name in [
-        "pod_log_proxied_to_kubelet",
-        "pod_log_since_time_default_container",
-        "pod_log_two_containers_no_container_bad_request",
-        "pod_log_unknown_container_bad_request",
-        "pod_log_both_since_invalid",
-        "pod_log_not_found",
-        "pod_log_forbidden_as_node",
-        "pod_log_forbidden_no_rbac",
-        "pod_log_kubelet_404",
-    ] {
-        let (got, seen) = replay(&s, &log, name).await;
-        assert_as_recorded(name, &got, &seen);
-    }
+    replay_all(
+        &s,
+        &log,
+        &[
+            "pod_log_proxied_to_kubelet",
+            "pod_log_since_time_default_container",
+            "pod_log_two_containers_no_container_bad_request",
+            "pod_log_unknown_container_bad_request",
+            "pod_log_both_since_invalid",
+            "pod_log_not_found",
+            "pod_log_forbidden_as_node",
+            "pod_log_forbidden_no_rbac",
+            "pod_log_kubelet_404",
+        ],
+    )
+    .await;
     // The apiserver presents its kubelet-client certificate, issued from the client CA.
     let seen = log.lock().unwrap()[0].clone();
     assert_eq!(
@@ -362,18 +377,20 @@ async fn logs_answer_and_forward_as_recorded() {
 #[tokio::test]
 async fn streams_upgrade_and_forward_as_recorded() {
     let (s, log) = cluster().await;
-    for name in [
-        "pod_exec_forbidden_as_node",
-        "pod_exec_forbidden_no_rbac",
-        "pod_exec_without_upgrade_bad_request",
-        "pod_exec_kubelet_404",
-        "pod_exec_no_command_forwarded",
-        "pod_attach_proxied_to_kubelet",
-        "pod_portforward_proxied_to_kubelet",
-    ] {
-        let (got, seen) = replay(&s, &log, name).await;
-        assert_as_recorded(name, &got, &seen);
-    }
+    replay_all(
+        &s,
+        &log,
+        &[
+            "pod_exec_forbidden_as_node",
+            "pod_exec_forbidden_no_rbac",
+            "pod_exec_without_upgrade_bad_request",
+            "pod_exec_kubelet_404",
+            "pod_exec_no_command_forwarded",
+            "pod_attach_proxied_to_kubelet",
+            "pod_portforward_proxied_to_kubelet",
+        ],
+    )
+    .await;
     // The 101 is relayed with the kubelet's headers, and bytes go through both ways.
     let (got, seen) = replay(&s, &log, "pod_exec_proxied_to_kubelet").await;
     assert_as_recorded("pod_exec_proxied_to_kubelet", &got, &seen);
@@ -398,13 +415,15 @@ async fn streams_upgrade_and_forward_as_recorded() {
 #[tokio::test]
 async fn node_proxy_answers_as_recorded() {
     let (s, log) = cluster().await;
-    for name in [
-        "node_proxy_forbidden_no_rbac",
-        "node_proxy_loopback_not_allowed",
-    ] {
-        let (got, seen) = replay(&s, &log, name).await;
-        assert_as_recorded(name, &got, &seen);
-    }
+    replay_all(
+        &s,
+        &log,
+        &[
+            "node_proxy_forbidden_no_rbac",
+            "node_proxy_loopback_not_allowed",
+        ],
+    )
+    .await;
     // Test-only: a loopback kubelet reached anyway, path and query as sent.
     s.set_test_only_loopback_node_proxy(true);
     let (got, seen) = replay(&s, &log, "node_proxy_loopback_not_allowed").await;
@@ -446,10 +465,7 @@ async fn discovery_is_the_recorded_documents_cut_to_what_the_fake_serves() {
             "/apis/authorization.k8s.io/v1",
         ),
     ] {
-        let (code, got) = s
-            .raw(Some(ADMIN_TOKEN), "GET", path, None, None)
-            .await
-            .unwrap();
+        let (code, got) = get(&s, ADMIN_TOKEN, path).await;
         let want = fixture(name)["response"]["body"].clone();
         assert_eq!(code, 200, "{path}");
         assert_eq!(got["kind"], want["kind"], "{path}");
@@ -472,10 +488,7 @@ async fn discovery_is_the_recorded_documents_cut_to_what_the_fake_serves() {
         }
     }
     // kubectl's resource names map to what the fake serves.
-    let (_, core) = s
-        .raw(Some(ADMIN_TOKEN), "GET", "/api/v1", None, None)
-        .await
-        .unwrap();
+    let (_, core) = get(&s, ADMIN_TOKEN, "/api/v1").await;
     let names: Vec<&str> = core["resources"]
         .as_array()
         .unwrap()
@@ -486,16 +499,7 @@ async fn discovery_is_the_recorded_documents_cut_to_what_the_fake_serves() {
         assert!(names.contains(&n), "{n} in {names:?}");
     }
     assert!(!names.contains(&"services"), "{names:?}");
-    let (code, m) = s
-        .raw(
-            Some(ADMIN_TOKEN),
-            "GET",
-            "/apis/metrics.k8s.io/v1beta1",
-            None,
-            None,
-        )
-        .await
-        .unwrap();
+    let (code, m) = get(&s, ADMIN_TOKEN, "/apis/metrics.k8s.io/v1beta1").await;
     assert_eq!(code, 200);
     assert_eq!(m["groupVersion"], "metrics.k8s.io/v1beta1");
     // Discovery needs a user, as with --anonymous-auth=false.
@@ -510,16 +514,7 @@ async fn metrics_are_rates_between_two_scrapes() {
     let (s, log) = cluster().await;
     // Only edge-1 has a kubelet that answers; edge-2's port is closed, edge-3 shares edge-1's.
     s.remove("nodes", "", "edge-3");
-    let (code, nodes) = s
-        .raw(
-            Some(ADMIN_TOKEN),
-            "GET",
-            "/apis/metrics.k8s.io/v1beta1/nodes",
-            None,
-            None,
-        )
-        .await
-        .unwrap();
+    let (code, nodes) = get(&s, ADMIN_TOKEN, "/apis/metrics.k8s.io/v1beta1/nodes").await;
     assert_eq!(code, 200, "{nodes}");
     assert_eq!(nodes["kind"], "NodeMetricsList");
     assert_eq!(nodes["apiVersion"], "metrics.k8s.io/v1beta1");
@@ -541,16 +536,12 @@ async fn metrics_are_rates_between_two_scrapes() {
         .filter(|r| r.path == "/metrics/resource")
         .count();
     assert_eq!(scrapes, 2);
-    let (code, pods) = s
-        .raw(
-            Some(ADMIN_TOKEN),
-            "GET",
-            "/apis/metrics.k8s.io/v1beta1/namespaces/default/pods",
-            None,
-            None,
-        )
-        .await
-        .unwrap();
+    let (code, pods) = get(
+        &s,
+        ADMIN_TOKEN,
+        "/apis/metrics.k8s.io/v1beta1/namespaces/default/pods",
+    )
+    .await;
     assert_eq!(code, 200, "{pods}");
     let items = pods["items"].as_array().unwrap();
     // `gone` is not a pod the apiserver knows: left out, as metrics-server does.
@@ -569,39 +560,17 @@ async fn metrics_are_rates_between_two_scrapes() {
     let cpu = p["containers"][0]["usage"]["cpu"].as_str().unwrap();
     let nanocores: f64 = cpu.trim_end_matches('n').parse().unwrap();
     assert!((nanocores - 2.5e8).abs() < 2.5e7, "{cpu}");
-    let (code, one) = s
-        .raw(
-            Some(ADMIN_TOKEN),
-            "GET",
-            "/apis/metrics.k8s.io/v1beta1/namespaces/default/pods/web",
-            None,
-            None,
-        )
-        .await
-        .unwrap();
+    let (code, one) = get(
+        &s,
+        ADMIN_TOKEN,
+        "/apis/metrics.k8s.io/v1beta1/namespaces/default/pods/web",
+    )
+    .await;
     assert_eq!((code, &one["metadata"]["name"]), (200, &json!("web")));
-    let (code, _) = s
-        .raw(
-            Some(ADMIN_TOKEN),
-            "GET",
-            "/apis/metrics.k8s.io/v1beta1/nodes/edge-2",
-            None,
-            None,
-        )
-        .await
-        .unwrap();
+    let (code, _) = get(&s, ADMIN_TOKEN, "/apis/metrics.k8s.io/v1beta1/nodes/edge-2").await;
     assert_eq!(code, 404);
     // RBAC: metrics are for users allowed them.
-    let (code, got) = s
-        .raw(
-            Some(AGENT_TOKEN),
-            "GET",
-            "/apis/metrics.k8s.io/v1beta1/nodes",
-            None,
-            None,
-        )
-        .await
-        .unwrap();
+    let (code, got) = get(&s, AGENT_TOKEN, "/apis/metrics.k8s.io/v1beta1/nodes").await;
     assert_eq!(code, 403, "{got}");
     assert_eq!(
         got["message"],
