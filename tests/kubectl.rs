@@ -206,6 +206,15 @@ async fn kubectl_logs_top_and_forbidden_through_the_fake_apiservers_node_proxy()
     assert!(k
         .ok(&["logs", "-n", NS, "talker", "--since", "1h"])
         .starts_with("line 1\n"));
+    // No earlier attempt: the node API's 400, its words relayed as a BadRequest.
+    let (ok, _, err) = k.run(&["logs", "-n", NS, "talker", "--previous"]);
+    assert!(!ok);
+    assert!(
+        err.contains(
+            "Error from server (BadRequest): previous terminated container \"app\" in pod"
+        ),
+        "{err}"
+    );
     // -c picks the container; without it, kubectl 1.20 itself refuses a pod of two, with
     // the words the apiserver uses (fixture `pod_log_two_containers_no_container_bad_request`).
     assert_eq!(

@@ -241,15 +241,28 @@ fn plain_error(code: u16, message: &str) -> Response<Body> {
     )
 }
 
-/// What the apiserver answers when the kubelet answers a log request with an error: its
-/// generic server response for `pods/log` (fixture `pod_log_kubelet_404`).
+/// What the apiserver answers when the kubelet answers a log request with an error, as its
+/// `GenericHttpResponseChecker` for `pods/log` does: a 400 or a 500 carries the kubelet's
+/// text (BadRequest, InternalError), anything else is its generic server response naming
+/// the pod (fixture `pod_log_kubelet_404`). Only the 404 is recorded.
 fn kubelet_log_error(code: u16, pod: &str, body: &str) -> Response<Body> {
+    match code {
+        400 => return status(400, "BadRequest", body, None),
+        500 => {
+            return status(
+                500,
+                "InternalError",
+                &format!("Internal error occurred: {body}"),
+                Some(json!({"causes": [{"message": body}]})),
+            )
+        }
+        _ => {}
+    }
     let (reason, message) = match code {
         404 => ("NotFound", "the server could not find the requested resource".to_string()),
-        400 => ("BadRequest", "the server rejected our request for an unknown reason".into()),
         401 => ("Unauthorized", "the server has asked for the client to provide credentials".into()),
         403 => ("Forbidden", body.trim().to_string()),
-        500 => ("InternalError", format!("an error on the server ({body:?}) has prevented the request from succeeding")),
+        c if c > 500 => ("InternalError", format!("an error on the server ({body:?}) has prevented the request from succeeding")),
         _ => ("", format!("the server responded with the status code {code} but did not return more information")),
     };
     let mut b = status_body(
