@@ -397,9 +397,18 @@ async fn authentication_and_authorization_as_the_kubelets() {
     assert!(r.is_err(), "a foreign client certificate: {r:?}");
     // Anything else, authorized: 404, as the kubelet answers.
     assert_eq!(
-        e.get(Cred::Token(ADMIN_TOKEN), "/exec/vehicle/web/app")
+        e.get(Cred::Token(ADMIN_TOKEN), "/checkpoint/vehicle/web/app")
             .await,
         (404, "404 page not found\n".into())
+    );
+    // The streaming routes are served (their options first, as the kubelet's).
+    assert_eq!(
+        e.get(Cred::Token(ADMIN_TOKEN), "/exec/vehicle/web/app")
+            .await,
+        (
+            400,
+            "you must specify at least 1 of stdin, stdout, stderr".into()
+        )
     );
     assert_eq!(
         e.call(Cred::Token(ADMIN_TOKEN), "POST", "/run/x/y/z")

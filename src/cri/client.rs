@@ -1,6 +1,6 @@
 //! The CRI v1 client over a unix socket.
 
-use super::{api, CriError, CriRuntime};
+use super::{api, CriError, CriRuntime, CriStreaming};
 use api::image_service_client::ImageServiceClient;
 use api::runtime_service_client::RuntimeServiceClient;
 use hyper_util::rt::TokioIo;
@@ -14,6 +14,9 @@ use tonic::transport::{Channel, Endpoint, Uri};
 const CALL: Duration = Duration::from_secs(10);
 /// Deadline of an image pull (a cellular link can be slow).
 pub const PULL_DEADLINE: Duration = Duration::from_secs(300);
+/// Deadline of the streaming calls (`Exec`, `Attach`, `PortForward`): they only hand out a
+/// URL; the stream itself runs on the runtime's streaming server.
+const STREAM_CALL: Duration = CALL;
 /// A sandbox start may pull the pause image and set up networking.
 const SANDBOX: Duration = Duration::from_secs(120);
 
@@ -446,5 +449,33 @@ impl CriRuntime for CriClient {
         };
         self.call("ExecSync", deadline, || c.exec_sync(req(msg, deadline)))
             .await
+    }
+}
+
+impl CriStreaming for CriClient {
+    async fn exec(&self, msg: api::ExecRequest) -> Result<String, CriError> {
+        let mut c = self.runtime.clone();
+        Ok(self
+            .call("Exec", STREAM_CALL, || c.exec(req(msg, STREAM_CALL)))
+            .await?
+            .url)
+    }
+
+    async fn attach(&self, msg: api::AttachRequest) -> Result<String, CriError> {
+        let mut c = self.runtime.clone();
+        Ok(self
+            .call("Attach", STREAM_CALL, || c.attach(req(msg, STREAM_CALL)))
+            .await?
+            .url)
+    }
+
+    async fn port_forward(&self, msg: api::PortForwardRequest) -> Result<String, CriError> {
+        let mut c = self.runtime.clone();
+        Ok(self
+            .call("PortForward", STREAM_CALL, || {
+                c.port_forward(req(msg, STREAM_CALL))
+            })
+            .await?
+            .url)
     }
 }

@@ -2,7 +2,7 @@
 //! It keeps sandboxes, containers and images in maps and applies label selectors the way
 //! containerd does; nothing runs.
 
-use super::{api, CriError, CriRuntime};
+use super::{api, CriError, CriRuntime, CriStreaming};
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -253,5 +253,26 @@ impl CriRuntime for FakeCri {
         _timeout: Duration,
     ) -> Result<api::ExecSyncResponse, CriError> {
         Ok(api::ExecSyncResponse::default())
+    }
+}
+
+/// The fake has no streaming server: each call says so, and hands out no URL.
+fn no_streaming(method: &'static str) -> CriError {
+    CriError::Call {
+        method,
+        code: "Unimplemented".into(),
+        message: "the fake runtime has no streaming server".into(),
+    }
+}
+
+impl CriStreaming for FakeCri {
+    async fn exec(&self, _req: api::ExecRequest) -> Result<String, CriError> {
+        Err(no_streaming("Exec"))
+    }
+    async fn attach(&self, _req: api::AttachRequest) -> Result<String, CriError> {
+        Err(no_streaming("Attach"))
+    }
+    async fn port_forward(&self, _req: api::PortForwardRequest) -> Result<String, CriError> {
+        Err(no_streaming("PortForward"))
     }
 }

@@ -132,3 +132,18 @@ pub trait CriRuntime: Send + Sync {
     /// the runtime writes to a new file at the log path.
     fn reopen_container_log(&self, id: &str) -> impl Future<Output = Result<(), CriError>> + Send;
 }
+
+/// The runtime's streaming calls (`Exec`, `Attach`, `PortForward`): each answers with a URL
+/// on the runtime's own streaming server (containerd: a 127.0.0.1 port of its own), where the
+/// caller's upgraded connection is to be proxied. The URL is good for one connection, soon.
+pub trait CriStreaming: Send + Sync {
+    fn exec(&self, req: api::ExecRequest) -> impl Future<Output = Result<String, CriError>> + Send;
+    fn attach(
+        &self,
+        req: api::AttachRequest,
+    ) -> impl Future<Output = Result<String, CriError>> + Send;
+    fn port_forward(
+        &self,
+        req: api::PortForwardRequest,
+    ) -> impl Future<Output = Result<String, CriError>> + Send;
+}

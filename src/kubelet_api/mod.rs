@@ -12,15 +12,19 @@
 //! - **Authorization** of every request by SubjectAccessReviews for the `nodes`
 //!   subresource the kubelet would check ([`authz`]). Denied: 403.
 //! - **Routes:** `/healthz`, `/containerLogs/{ns}/{pod}/{container}` ([`logs`]),
-//!   `/metrics/resource` and `/stats/summary` from the CRI's container stats ([`stats`]);
-//!   anything else 404, as the kubelet answers.
-//! - **Limits:** connections and log streams are bounded; a handshake, a request's headers
-//!   and a follow with nothing new all end after the idle timeout.
+//!   `/metrics/resource` and `/stats/summary` from the CRI's container stats ([`stats`]),
+//!   `/exec`, `/attach` and `/portForward` proxied to the runtime's streaming server
+//!   ([`streams`]); anything else 404, as the kubelet answers.
+//! - **Limits:** connections and streams (logs, exec, attach, port-forward) are bounded; a
+//!   handshake, a request's headers, a follow with nothing new and a spliced stream with no
+//!   bytes either way all end after the idle timeout.
 
 pub mod authz;
 pub mod logs;
 pub mod reviews;
+pub mod splice;
 pub mod stats;
+pub mod streams;
 
 use crate::identity::serving::{ServingPair, ServingWatch};
 use crate::store::Store;
@@ -54,7 +58,7 @@ pub struct KubeletApiConfig {
     /// Serve a self-signed certificate instead of asking the cluster for one (loudly).
     pub self_signed: bool,
     pub max_connections: usize,
-    /// Log streams at once (follows included).
+    /// Streams at once: logs (follows included), exec, attach and port-forward sessions.
     pub max_streams: usize,
     pub idle_timeout: Duration,
 }
@@ -325,7 +329,8 @@ impl KubeletApi {
                 let conn = hyper::server::conn::http1::Builder::new()
                     .timer(hyper_util::rt::TokioTimer::new())
                     .header_read_timeout(Some(headers_within))
-                    .serve_connection(hyper_util::rt::TokioIo::new(tls), svc);
+                    .serve_connection(hyper_util::rt::TokioIo::new(tls), svc)
+                    .with_upgrades();
                 let _ = conn.await;
             });
         }
@@ -385,6 +390,12 @@ impl KubeletApi {
             return text(403, authz::forbidden_text(&user.name, verb, &subs));
         }
         tracing::debug!(user = %user.name, verb, path = %path, "node API request");
+        let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        if let ("GET" | "POST", Some(target)) =
+            (method.as_str(), streams::Target::from_segments(&segs))
+        {
+            return self.stream(target, &user.name, req).await;
+        }
         self.route(&method, &path, query.as_deref()).await
     }
 

@@ -1,7 +1,9 @@
+//! The node API (port 10250) for the tests that run a real edgehub: a client with TLS, the
+//! server verified against the cluster CA for 127.0.0.1 as the apiserver connects; and
 //! `edgehub run` with `[node] node_api_addr` on, against the fake apiserver and the CRI stack:
 //! a node of its own (tests share one containerd) with a token for its own identity, its
 //! serving CSR left pending until the test approves it as `kubectl certificate approve`
-//! does, and a client over TLS for the node API. Included by `#[path]` beside `mod common;`.
+//! does. Included by `#[path]` beside `mod common;`.
 #![allow(dead_code)]
 
 use edgehub_testsupport::{FakeApiServer, ADMIN_TOKEN, KUBELET_SERVING_SIGNER};
@@ -174,9 +176,11 @@ pub async fn start_served(s: &FakeApiServer, node: &str, pods: &[Value]) -> Node
     run
 }
 
-/// GET `path` on the node API with the admin token, the server verified against `ca_pem`
-/// for 127.0.0.1.
-pub async fn get(addr: SocketAddr, ca_pem: &str, path: &str) -> anyhow::Result<(u16, String)> {
+/// A TLS connection to the node API at `addr`, its certificate verified against `ca_pem`.
+pub async fn connect(
+    addr: SocketAddr,
+    ca_pem: &str,
+) -> anyhow::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(CertificateDer::from_pem_slice(ca_pem.as_bytes())?)?;
     let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
@@ -186,12 +190,18 @@ pub async fn get(addr: SocketAddr, ca_pem: &str, path: &str) -> anyhow::Result<(
     .with_root_certificates(roots)
     .with_no_client_auth();
     let tcp = tokio::net::TcpStream::connect(addr).await?;
-    let tls = tokio::time::timeout(
+    Ok(tokio::time::timeout(
         Duration::from_secs(5),
         tokio_rustls::TlsConnector::from(Arc::new(cfg))
             .connect(ServerName::try_from("127.0.0.1")?.to_owned(), tcp),
     )
-    .await??;
+    .await??)
+}
+
+/// GET `path` on the node API with the admin token, the server verified against `ca_pem`
+/// for 127.0.0.1.
+pub async fn get(addr: SocketAddr, ca_pem: &str, path: &str) -> anyhow::Result<(u16, String)> {
+    let tls = connect(addr, ca_pem).await?;
     let (mut send, conn) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls)).await?;
     tokio::spawn(conn);
