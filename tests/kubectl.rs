@@ -2,8 +2,9 @@
 //! target/tools) against the fake apiserver, whose node proxy forwards to a running
 //! `edgehub run`'s node API as kube-apiserver forwards to port 10250: `kubectl logs` in its
 //! forms, `kubectl top node` and `kubectl top pod` (metrics.k8s.io from the node's
-//! `/metrics/resource`), the Forbidden messages kubectl prints, and `nodes/proxy` through
-//! `kubectl get --raw`. Needs root and the CRI stack; without them it fails, loudly.
+//! `/metrics/resource`), the Forbidden messages kubectl prints, `nodes/proxy` through
+//! `kubectl get --raw`, and `kubectl exec` (with stdin) and `kubectl port-forward` over
+//! SPDY. Needs root and the CRI stack; without them it fails, loudly.
 
 mod common;
 #[path = "common/node_api.rs"]
@@ -129,7 +130,7 @@ fn mebis(s: &str) -> u64 {
 
 /// kubectl runs as a blocking child process: the fake apiserver serves from other threads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn kubectl_logs_top_and_forbidden_through_the_fake_apiservers_node_proxy() {
+async fn kubectl_logs_exec_port_forward_and_top_through_the_fake_apiservers_node_proxy() {
     let s = FakeApiServer::start().await.unwrap();
     s.add_token(JANE_TOKEN, "jane");
     let node = format!("edge-kubectl-{}", std::process::id());
@@ -142,7 +143,17 @@ async fn kubectl_logs_top_and_forbidden_through_the_fake_apiservers_node_proxy()
             busybox("side", "echo from-side; sleep 3600"),
         ],
     );
-    let run = node_api::start_served(&s, &node, &[talker, pair]).await;
+    // An HTTP server for port-forward, on the host's network as the pods here are.
+    let http_port = node_api::free_addr().port();
+    let srv = pod(
+        &node,
+        "srv",
+        vec![busybox(
+            "httpd",
+            &format!("mkdir -p /tmp/www && echo served-by-srv > /tmp/www/index.html && exec httpd -f -p 127.0.0.1:{http_port} -h /tmp/www"),
+        )],
+    );
+    let run = node_api::start_served(&s, &node, &[talker, pair, srv]).await;
     let k = Kubectl::new(&s, run.dir.path(), ADMIN_TOKEN);
 
     // First, before the node API has allowed the apiserver anything (it caches an allow for
@@ -333,4 +344,103 @@ async fn kubectl_logs_top_and_forbidden_through_the_fake_apiservers_node_proxy()
         jane.ok(&["logs", "-n", NS, "pair", "-c", "side"]),
         "from-side\n"
     );
+
+    // kubectl exec (SPDY from kubectl 1.20, relayed by the fake, proxied by the node to the
+    // runtime's streaming server): a command's output, then stdin with -i.
+    assert_eq!(
+        k.ok(&["exec", "-n", NS, "talker", "--", "echo", "hello from exec"]),
+        "hello from exec\n"
+    );
+    let mut cat = k
+        .command(&["exec", "-i", "-n", NS, "talker", "--", "cat"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = cat.stdin.take().unwrap();
+        stdin.write_all(b"line in\nanother line\n").unwrap();
+    }
+    let out = cat.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "line in\nanother line\n"
+    );
+
+    // kubectl port-forward: it needs the pod Running, as edgehub reports it.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while s
+        .get("pods", NS, "srv")
+        .is_none_or(|p| p["status"]["phase"] != "Running")
+    {
+        assert!(Instant::now() < deadline, "srv never Running");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let local = node_api::free_addr().port();
+    let mut pf = k
+        .command(&[
+            "port-forward",
+            "-n",
+            NS,
+            "pod/srv",
+            &format!("{local}:{http_port}"),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut pf_out = pf.stdout.take().unwrap();
+    // Reads kubectl's stdout to the end (a closed pipe would kill it at its next line),
+    // handing over the first "Forwarding from ..." line.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut got = Vec::new();
+        let mut b = [0u8; 1];
+        let mut sent = false;
+        while let Ok(1) = pf_out.read(&mut b) {
+            got.push(b[0]);
+            if !sent && b[0] == b'\n' && String::from_utf8_lossy(&got).contains("Forwarding from") {
+                let _ = tx.send(String::from_utf8_lossy(&got).into_owned());
+                sent = true;
+            }
+        }
+        if !sent {
+            let _ = tx.send(String::from_utf8_lossy(&got).into_owned());
+        }
+    });
+    let said = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
+    assert!(said.contains("Forwarding from 127.0.0.1"), "{said}");
+    // httpd may still be starting: retry the GET for a while.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let body = loop {
+        let got = http_get(local).await;
+        match got {
+            Ok(b) if b.contains("served-by-srv") => break b,
+            other => assert!(Instant::now() < deadline, "port-forward GET: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert!(body.starts_with("HTTP/1."), "{body}");
+    pf.kill().unwrap();
+    let _ = pf.wait();
+}
+
+/// A plain HTTP GET of / on 127.0.0.1:`port`: the whole answer as text.
+async fn http_get(port: u16) -> std::io::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut c = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    c.write_all(b"GET / HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .await?;
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut out))
+        .await
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+    Ok(String::from_utf8_lossy(&out).into_owned())
 }
