@@ -77,3 +77,21 @@ if [ "$what" = test ] && command -v rustup >/dev/null 2>&1; then
         rustup component list --installed 2>/dev/null | grep -q "^$c" || { log "adding rustup component $c"; rustup component add "$c" >/dev/null; }
     done
 fi
+
+# tests/kubectl.rs runs Debian 12's kubectl (1.20, from kubernetes-client) against the fake
+# apiserver. /usr/bin/kubectl may belong to another package on a machine, so the package is
+# unpacked into the repo's target/, never installed system-wide.
+if [ "$what" = test ]; then
+    tools=target/tools/kubernetes-client
+    if [ ! -x "$tools/usr/bin/kubectl" ]; then
+        log "unpacking kubernetes-client into $tools"
+        tmp=$(mktemp -d)
+        if ! (cd "$tmp" && apt-get download -qq kubernetes-client >/dev/null 2>&1); then
+            apt-get update -qq
+            (cd "$tmp" && apt-get download -qq kubernetes-client >/dev/null)
+        fi
+        mkdir -p "$tools"
+        dpkg-deb -x "$tmp"/kubernetes-client_*.deb "$tools"
+        rm -rf "$tmp"
+    fi
+fi

@@ -55,6 +55,10 @@ pub use csr::{
 };
 mod reviews;
 pub use reviews::APISERVER_KUBELET_CLIENT;
+mod discovery;
+pub mod kubelet;
+mod metrics;
+mod proxy;
 
 type Body = BoxBody<Bytes, std::io::Error>;
 
@@ -310,6 +314,17 @@ struct State {
     uid_counter: AtomicU64,
     /// Issued tokens are padded to this length (0: short test tokens).
     token_len: AtomicU64,
+    /// Where the fake listens (discovery names it).
+    addr: SocketAddr,
+    /// The apiserver's client for the kubelets' port 10250 (node proxy, metrics scrapes).
+    kubelet: kubelet::KubeletClient,
+    /// Users RBAC grants the node proxy (`pods/log`, `pods/exec`, ..., `nodes/proxy`) and
+    /// metrics.k8s.io reads; `system:masters` needs no grant.
+    proxy_users: Mutex<std::collections::HashSet<String>>,
+    /// Test-only: let `nodes/proxy` reach loopback addresses, which kube-apiserver refuses.
+    loopback_node_proxy: AtomicBool,
+    /// metrics-server's last scrape per node.
+    metrics: Mutex<metrics::Scrapes>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

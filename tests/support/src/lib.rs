@@ -7,7 +7,7 @@ pub mod chaos;
 pub mod daemonset_sim;
 pub mod patch;
 mod rawclient;
-pub use rawclient::ClientPem;
+pub use rawclient::{ClientPem, RawAnswer};
 pub mod yocto;
 
 pub use apiserver::{

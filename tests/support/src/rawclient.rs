@@ -42,7 +42,7 @@ async fn connect(
         .await?;
     let (send, conn) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls)).await?;
-    tokio::spawn(conn);
+    tokio::spawn(conn.with_upgrades());
     Ok(send)
 }
 
@@ -147,5 +147,75 @@ impl FakeApiServer {
             }
         }
         Ok((code, events))
+    }
+
+    /// A request with extra headers whose answer may be anything (text, JSON, a stream cut
+    /// short, an upgrade): what the node proxy answers. The body is read for at most `wait`.
+    pub async fn raw_any(
+        &self,
+        token: Option<&str>,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        wait: Duration,
+    ) -> anyhow::Result<RawAnswer> {
+        let mut send = connect(self, None).await?;
+        let mut req = build(token, method, path, None, None)?;
+        for (k, v) in headers {
+            req.headers_mut().append(
+                hyper::header::HeaderName::from_bytes(k.as_bytes())?,
+                hyper::header::HeaderValue::from_str(v)?,
+            );
+        }
+        let resp = send.send_request(req).await?;
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        if status == 101 {
+            let upgraded = hyper::upgrade::on(resp).await?;
+            return Ok(RawAnswer {
+                status,
+                headers,
+                body: Vec::new(),
+                upgraded: Some(hyper_util::rt::TokioIo::new(upgraded)),
+            });
+        }
+        let mut body = resp.into_body();
+        let mut buf = Vec::new();
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            match tokio::time::timeout_at(deadline, body.frame()).await {
+                Err(_) | Ok(None) => break,
+                Ok(Some(f)) => {
+                    if let Some(d) = f?.data_ref() {
+                        buf.extend_from_slice(d);
+                    }
+                }
+            }
+        }
+        Ok(RawAnswer {
+            status,
+            headers,
+            body: buf,
+            upgraded: None,
+        })
+    }
+}
+
+/// What [`FakeApiServer::raw_any`] got.
+pub struct RawAnswer {
+    pub status: u16,
+    pub headers: hyper::HeaderMap,
+    pub body: Vec<u8>,
+    /// The connection after a 101, to speak the upgraded protocol on.
+    pub upgraded: Option<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>>,
+}
+
+impl RawAnswer {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
     }
 }

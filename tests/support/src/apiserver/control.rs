@@ -14,6 +14,8 @@ impl FakeApiServer {
         let tls = Arc::new(server_tls(&pki)?);
         let (rv_tx, _) = watch::channel(0);
         let (kill_tx, _) = watch::channel(0);
+        let listener = TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
         let state = Arc::new(State {
             db: Mutex::new(Db::default()),
             rv_tx,
@@ -35,9 +37,12 @@ impl FakeApiServer {
             authorizer_lag_ms: AtomicU64::new(0),
             uid_counter: AtomicU64::new(1),
             token_len: AtomicU64::new(0),
+            addr,
+            kubelet: kubelet::KubeletClient::new(&pki)?,
+            proxy_users: Mutex::new(Default::default()),
+            loopback_node_proxy: AtomicBool::new(false),
+            metrics: Mutex::new(Default::default()),
         });
-        let listener = TcpListener::bind(addr).await?;
-        let addr = listener.local_addr()?;
         let server = FakeApiServer {
             addr,
             pki,
@@ -78,7 +83,8 @@ impl FakeApiServer {
                         async move { handle(st, cu, req).await }
                     });
                     let conn = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(hyper_util::rt::TokioIo::new(tls), svc);
+                        .serve_connection(hyper_util::rt::TokioIo::new(tls), svc)
+                        .with_upgrades();
                     tokio::select! {
                         _ = conn => {}
                         _ = kill.changed() => {}
@@ -488,6 +494,22 @@ impl FakeApiServer {
     /// Removes `user`'s binding.
     pub fn unbind_kubelet_api_admin(&self, user: &str) {
         lock(&self.state.reviews).unbind_user(user);
+    }
+
+    /// RBAC for `user` on the node proxy (`get pods/log`, `create pods/exec`, `pods/attach`,
+    /// `pods/portforward`, `nodes/proxy`) and reads of metrics.k8s.io. Without it a user
+    /// outside `system:masters` gets the recorded 403s (`pod_log_forbidden_no_rbac`, ...).
+    pub fn grant_kubelet_proxy(&self, user: &str) {
+        lock(&self.state.proxy_users).insert(user.into());
+    }
+
+    /// Test-only: let `nodes/{name}/proxy` reach a loopback address. kube-apiserver refuses
+    /// (`node_proxy_loopback_not_allowed`: 400 "address not allowed"), and a test's nodes
+    /// live on 127.0.0.x, so only this reaches their `nodes/proxy` at all.
+    pub fn set_test_only_loopback_node_proxy(&self, allow: bool) {
+        self.state
+            .loopback_node_proxy
+            .store(allow, Ordering::SeqCst);
     }
 
     /// Issues a client certificate for `user` in `groups` from the fake's CA (as the cluster

@@ -148,6 +148,29 @@ pub(super) async fn handle(
     });
     let caller = token_caller.or_else(|| cert_user.flatten().as_ref().and_then(csr::cert_caller));
     let user = caller.as_ref().map(|c| c.user.clone());
+    // The node proxy streams both ways (logs that follow, upgraded exec): it takes the request
+    // whole, body and upgrade, instead of a collected body.
+    if let Some(target) = proxy::parse(&path) {
+        let resource = target.resource();
+        let verb = match method {
+            Method::GET => "get",
+            Method::POST => "create",
+            _ => "unknown",
+        };
+        let resp = proxy::serve(&state, caller.as_ref(), target, req).await;
+        lock(&state.log).push(LoggedRequest {
+            verb,
+            resource,
+            method: method.to_string(),
+            path,
+            query,
+            user,
+            status: resp.status().as_u16(),
+            answer_lost: false,
+            at,
+        });
+        return Ok(resp);
+    }
     let content_type = req
         .headers()
         .get("content-type")
@@ -261,6 +284,14 @@ pub(super) async fn route(
             }
         }
         return resp;
+    }
+    if method == Method::GET {
+        if let Some(doc) = discovery::document(state, path) {
+            return json_response(200, &doc);
+        }
+    }
+    if let Some(answer) = metrics::serve(state, caller, method, path).await {
+        return answer;
     }
     if method == Method::POST && path == "/apis/authentication.k8s.io/v1/selfsubjectreviews" {
         return csr::self_subject_review(caller);
