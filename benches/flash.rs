@@ -72,16 +72,31 @@ struct Attributed {
     rounds: usize,
     round_bytes: u64,
     round_growth: u64,
+    /// Of the bytes above, those written after the commit itself, within `TAIL` of it.
+    checkpoint_tail: u64,
+    round_tail: u64,
     other_bytes: u64,
     other_growth: u64,
 }
 
+/// How long after a commit its writes are still its own: SQLite's -shm page is dirtied
+/// again by the next reader after the kernel wrote it back (`dirty_expire_centisecs`, 30 s),
+/// and the file system's metadata follows the commit's fsync.
+const TAIL: Duration = Duration::from_secs(45);
+
 /// Sorts each sample's writes: with a TokenRequest in it (or in the 2 s before it) they are
 /// a token round's; else, when the database grew, a commit's (at steady state, only the
-/// cursor checkpoint commits); else background. A round is one run of such samples.
+/// cursor checkpoint commits); writes within `TAIL` after either are that commit's tail;
+/// the rest is background. A round is one run of samples with TokenRequests.
 fn attribute(samples: &[Sample], token_requests: &[Instant]) -> Attributed {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Owner {
+        Round,
+        Checkpoint,
+    }
     let mut a = Attributed::default();
     let mut in_round = false;
+    let mut last: Option<(Owner, Instant)> = None;
     for w in samples.windows(2) {
         let (prev, cur) = (&w[0], &w[1]);
         let bytes = cur.written.saturating_sub(prev.written);
@@ -97,13 +112,27 @@ fn attribute(samples: &[Sample], token_requests: &[Instant]) -> Attributed {
             }
             a.round_bytes += bytes;
             a.round_growth += growth;
+            last = Some((Owner::Round, cur.at));
         } else if growth > 0 {
             a.checkpoints += 1;
             a.checkpoint_bytes += bytes;
             a.checkpoint_growth += growth;
+            last = Some((Owner::Checkpoint, cur.at));
         } else {
-            a.other_bytes += bytes;
-            a.other_growth += growth;
+            match last.filter(|(_, at)| cur.at.duration_since(*at) < TAIL) {
+                Some((Owner::Round, _)) => {
+                    a.round_bytes += bytes;
+                    a.round_tail += bytes;
+                }
+                Some((Owner::Checkpoint, _)) => {
+                    a.checkpoint_bytes += bytes;
+                    a.checkpoint_tail += bytes;
+                }
+                None => {
+                    a.other_bytes += bytes;
+                    a.other_growth += growth;
+                }
+            }
         }
         in_round = tokens;
     }
@@ -352,12 +381,17 @@ fn main() {
                     _ => 0,
                 };
                 println!(
-                    "{} window {}: {total} B written in {secs:.0} s; {} checkpoint(s), {} token round(s) ({} TokenRequests), background {} B",
+                    "{} window {}: {total} B written in {secs:.0} s; {} checkpoint(s) ({} B, of which {} B within {} s after), {} token round(s) ({} TokenRequests; {} B, of which {} B after), background {} B",
                     d.label,
                     w + 1,
                     a.checkpoints,
+                    a.checkpoint_bytes,
+                    a.checkpoint_tail,
+                    TAIL.as_secs(),
                     a.rounds,
                     token_requests.len(),
+                    a.round_bytes,
+                    a.round_tail,
                     a.other_bytes
                 );
                 // Every write, so that the edgehub log's line at that second names it.
@@ -493,8 +527,15 @@ fn main() {
             metric("apiserver_requests_per_idle_minute", others * 60.0 / secs + token_per_min, "");
         }
         let cri = CriClient::new(&socket);
+        let keep = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
+        let _ = std::fs::create_dir_all(&keep);
         for d in &mut devices {
             d.edge.stop();
+            // The edgehub log (debug level), to match each listed write with what it was.
+            let _ = std::fs::copy(
+                d.edge.dir.join("edgehub.log"),
+                keep.join(format!("flash-{}.log", d.label)),
+            );
             for sb in cri
                 .list_pod_sandbox(HashMap::from([(labels::NODE.to_string(), d.node.clone())]))
                 .await
