@@ -1,5 +1,7 @@
 //! Local API benchmark: `GET /pods` latency (p50/p99) with 100 and 1000 cached pods, from one
-//! client and from 16 concurrent ones, and throughput with 4 keep-alive connections. The
+//! client and from 16 concurrent ones, offline (the cache unchanged) and online (a pod changed
+//! every second, so the kept list is rendered again after each change), and throughput with
+//! 4 keep-alive connections. The
 //! server runs on a runtime of its own with two workers, as in `edgehub run`; the clients on
 //! another. Prints numbers and `METRIC` lines for `benches/run.sh`; asserts nothing about
 //! time.
@@ -104,61 +106,17 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
-async fn bench(server: &tokio::runtime::Handle, n: usize, samples: usize) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = seeded_store(dir.path(), n);
-    let (_tx, link) = tokio::sync::watch::channel(LinkState::Online);
-    let state = Arc::new(ApiState {
-        store,
-        link,
-        sync_stats: vec![],
-        metrics: Default::default(),
-        token: None,
-        node_name: "edge-1".into(),
-        cri: ready_runtime(),
-        runtime: None,
-        streams: Default::default(),
-        images: None,
-        image_gc: None,
-        identity: None,
-    });
-    let tcp = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    tcp.set_nonblocking(true).expect("nonblocking");
-    let tcp = {
-        let _in_server = server.enter();
-        tokio::net::TcpListener::from_std(tcp).expect("listener")
-    };
-    let addr = tcp.local_addr().expect("addr");
-    let (_stop, rx) = tokio::sync::watch::channel(false);
-    server.spawn(api::serve(Listener::Tcp(tcp), state, rx));
-
+/// Times `samples` sequential requests on one connection, then 16 clients at once.
+async fn measure(addr: SocketAddr, samples: usize) -> (usize, Vec<Duration>, Vec<Duration>) {
     let mut send = connect(addr).await;
-    let bytes = get_pods(&mut send).await; // warm up
-    let mut lat = Vec::with_capacity(samples);
+    let bytes = get_pods(&mut send).await; // warm up (and render)
+    let mut one = Vec::with_capacity(samples);
     for _ in 0..samples {
         let t = Instant::now();
         get_pods(&mut send).await;
-        lat.push(t.elapsed());
+        one.push(t.elapsed());
     }
-    lat.sort();
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    println!(
-        "GET /pods, {n} pods ({} KiB): p50 {:.2} ms, p99 {:.2} ms over {samples} sequential requests",
-        bytes / 1024,
-        ms(percentile(&lat, 0.50)),
-        ms(percentile(&lat, 0.99))
-    );
-    support::metric(
-        &format!("get_pods_p50_ms_{n}_pods"),
-        ms(percentile(&lat, 0.50)),
-        "ms",
-    );
-    support::metric(
-        &format!("get_pods_p99_ms_{n}_pods"),
-        ms(percentile(&lat, 0.99)),
-        "ms",
-    );
-
+    one.sort();
     // 16 clients at once, each on its own keep-alive connection, each request timed.
     let clients = 16;
     let per_client = (samples / clients).max(10);
@@ -175,22 +133,107 @@ async fn bench(server: &tokio::runtime::Handle, n: usize, samples: usize) {
             lat
         }));
     }
-    let mut lat = Vec::new();
+    let mut many = Vec::new();
     for t in tasks {
-        lat.extend(t.await.expect("task"));
+        many.extend(t.await.expect("task"));
     }
-    lat.sort();
-    println!(
-        "GET /pods, {n} pods, {clients} concurrent clients: p50 {:.2} ms, p99 {:.2} ms over {} requests",
-        ms(percentile(&lat, 0.50)),
-        ms(percentile(&lat, 0.99)),
-        lat.len()
-    );
-    support::metric(
-        &format!("get_pods_p99_ms_{n}_pods_{clients}_clients"),
-        ms(percentile(&lat, 0.99)),
-        "ms",
-    );
+    many.sort();
+    (bytes, one, many)
+}
+
+/// `GET /pods` with `n` pods cached: offline (nothing changes the cache) and online (a watch
+/// event changes a pod once a second, as the reflectors write them, so the kept list is
+/// rendered again after each), through the real HTTP server.
+async fn bench(server: &tokio::runtime::Handle, n: usize, samples: usize) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = seeded_store(dir.path(), n);
+    let (_tx, link) = tokio::sync::watch::channel(LinkState::Online);
+    let state = Arc::new(ApiState {
+        store: store.clone(),
+        link,
+        sync_stats: vec![],
+        metrics: Default::default(),
+        token: None,
+        node_name: "edge-1".into(),
+        cri: ready_runtime(),
+        runtime: None,
+        streams: Default::default(),
+        images: None,
+        image_gc: None,
+        identity: None,
+        pods: Default::default(),
+    });
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    tcp.set_nonblocking(true).expect("nonblocking");
+    let tcp = {
+        let _in_server = server.enter();
+        tokio::net::TcpListener::from_std(tcp).expect("listener")
+    };
+    let addr = tcp.local_addr().expect("addr");
+    let (_stop, rx) = tokio::sync::watch::channel(false);
+    server.spawn(api::serve(Listener::Tcp(tcp), state, rx));
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+
+    for online in [false, true] {
+        let (label, suffix) = if online {
+            ("online, a pod changed every second", "_online")
+        } else {
+            ("offline", "")
+        };
+        let writer = online.then(|| {
+            let store = store.clone();
+            tokio::task::spawn_blocking(move || {
+                let mut pod: Value =
+                    serde_json::from_str(&store.list(Kind::Pod).expect("pods")[0].raw)
+                        .expect("pod");
+                let stop = Instant::now() + Duration::from_secs(3600);
+                let mut rv = 1_000_000u64;
+                while Instant::now() < stop {
+                    std::thread::sleep(Duration::from_secs(1));
+                    if STOP_WRITER.load(std::sync::atomic::Ordering::Relaxed) {
+                        break;
+                    }
+                    rv += 1;
+                    pod["metadata"]["resourceVersion"] = json!(rv.to_string());
+                    pod["metadata"]["annotations"] = json!({"bench/rv": rv.to_string()});
+                    let obj = StoredObject::from_raw(Kind::Pod, pod.to_string()).expect("pod");
+                    store
+                        .apply(Kind::Pod, &[edgehub::store::Change::Upsert(obj)], None)
+                        .expect("apply");
+                }
+            })
+        });
+        STOP_WRITER.store(false, std::sync::atomic::Ordering::Relaxed);
+        let (bytes, one, many) = measure(addr, samples).await;
+        println!(
+            "GET /pods, {n} pods ({} KiB), {label}: one client p50 {:.2} ms, p99 {:.2} ms over {samples} requests; 16 clients at once p50 {:.2} ms, p99 {:.2} ms over {}",
+            bytes / 1024,
+            ms(percentile(&one, 0.50)),
+            ms(percentile(&one, 0.99)),
+            ms(percentile(&many, 0.50)),
+            ms(percentile(&many, 0.99)),
+            many.len()
+        );
+        support::metric(
+            &format!("get_pods_p50_ms_{n}_pods{suffix}"),
+            ms(percentile(&one, 0.50)),
+            "ms",
+        );
+        support::metric(
+            &format!("get_pods_p99_ms_{n}_pods{suffix}"),
+            ms(percentile(&one, 0.99)),
+            "ms",
+        );
+        support::metric(
+            &format!("get_pods_p99_ms_{n}_pods_16_clients{suffix}"),
+            ms(percentile(&many, 0.99)),
+            "ms",
+        );
+        if let Some(w) = writer {
+            STOP_WRITER.store(true, std::sync::atomic::Ordering::Relaxed);
+            let _ = w.await;
+        }
+    }
 
     let window = Duration::from_secs(3);
     let start = Instant::now();
@@ -219,6 +262,9 @@ async fn bench(server: &tokio::runtime::Handle, n: usize, samples: usize) {
     );
 }
 
+/// Ends the online runs' writer.
+static STOP_WRITER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         println!("api benchmark: run with `cargo bench --bench api`");
@@ -236,8 +282,8 @@ fn main() {
         .build()
         .expect("client runtime");
     clients.block_on(async {
-        bench(server.handle(), 100, 500).await;
-        bench(server.handle(), 1000, 100).await;
+        bench(server.handle(), 100, 1000).await;
+        bench(server.handle(), 1000, 300).await;
     });
 }
 

@@ -78,6 +78,9 @@ async fn idle_rss(bin: &Path, pods: usize) -> Option<Idle> {
     }
     tokio::time::sleep(Duration::from_secs(12)).await;
     let pid = e.pid();
+    if std::env::var_os("EDGEHUB_FOOTPRINT_SMAPS").is_some() {
+        print_smaps(pid, pods);
+    }
     let idle = Idle {
         pods,
         rss: support::proc_status_kib(pid, "VmRSS")?,
@@ -88,6 +91,34 @@ async fn idle_rss(bin: &Path, pods: usize) -> Option<Idle> {
     };
     e.stop();
     Some(idle)
+}
+
+/// Each mapping's resident KiB, largest first (`EDGEHUB_FOOTPRINT_SMAPS=1`): where the
+/// anonymous memory is (the heap, thread stacks, musl's mmapped blocks) and how much of
+/// each segment of the binary is mapped in.
+fn print_smaps(pid: u32, pods: usize) {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/smaps")) else {
+        return;
+    };
+    let mut maps: Vec<(u64, String)> = Vec::new();
+    let mut current = String::new();
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        let first = words.next().unwrap_or("");
+        if first.contains('-') && !first.ends_with(':') {
+            let rest: Vec<&str> = line.split_whitespace().skip(1).collect();
+            let name = rest.get(4).copied().unwrap_or("[anon]");
+            current = format!("{first} {} {name}", rest.first().copied().unwrap_or(""));
+        } else if first == "Rss:" {
+            let kib = words.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+            maps.push((kib, current.clone()));
+        }
+    }
+    maps.sort_by_key(|m| std::cmp::Reverse(m.0));
+    println!("  smaps, {pods} pods (resident KiB, mapping):");
+    for (kib, m) in maps.iter().filter(|(k, _)| *k > 0) {
+        println!("    {kib:>6} {m}");
+    }
 }
 
 /// Fills a data dir with an online run (100 pods, their sources), stops it, takes the link
@@ -179,10 +210,15 @@ fn main() {
     rt.block_on(async {
         // The three sizes side by side: RSS does not depend on the neighbours, and it saves
         // two thirds of the wait.
+        // `EDGEHUB_FOOTPRINT_PODS=100` measures one size only (and skips the cold start).
+        let only: Option<usize> = std::env::var("EDGEHUB_FOOTPRINT_PODS")
+            .ok()
+            .and_then(|v| v.parse().ok());
+        let size = |n: usize| only.is_none_or(|o| o == n);
         let (a, b, c) = tokio::join!(
-            idle_rss(&bin, 0),
-            idle_rss(&bin, 100),
-            idle_rss(&bin, 1000)
+            async { if size(0) { idle_rss(&bin, 0).await } else { None } },
+            async { if size(100) { idle_rss(&bin, 100).await } else { None } },
+            async { if size(1000) { idle_rss(&bin, 1000).await } else { None } }
         );
         for idle in [a, b, c].into_iter().flatten() {
             println!(
@@ -216,6 +252,9 @@ fn main() {
             );
         }
 
+        if only.is_some() {
+            return;
+        }
         let socket = common::cri_stack();
         let pods = 100;
         let ms = cold_start(&bin, &socket, pods, 5).await;

@@ -9,6 +9,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 targets=${TARGETS:-"aarch64-unknown-linux-musl x86_64-unknown-linux-musl"}
+# The aarch64 budget. Issue 33 lowers it to 5.5 MB once this script's aarch64 build is
+# confirmed under 5 MB (the size work of branch h33-perf); until then it stays at 6 MB, so
+# CI does not fail on a build nobody has weighed yet.
 budget_aarch64=$((6 * 1000 * 1000))
 log() { printf '==> %s\n' "$*"; }
 
@@ -23,9 +26,18 @@ fi
 command -v cargo-zigbuild >/dev/null 2>&1 || { log "cargo install cargo-zigbuild"; cargo install --locked --quiet cargo-zigbuild; }
 command -v file >/dev/null 2>&1 || { log "apt-get install file"; apt-get install -y -qq file >/dev/null; }
 
+# No unwind tables: with panic=abort nothing unwinds, and they only fed a panic's backtrace,
+# which a stripped binary prints as bare addresses anyway. They were 16 % of the aarch64
+# binary (.eh_frame and its index, 0.93 MB). Given here, to the release builds alone: tests
+# build with panic=unwind, which needs them (rustc refuses the two together), and a cargo
+# profile cannot carry rustflags on stable. The standard library is prebuilt with its own.
+release_rustflags="-C force-unwind-tables=no"
+
 for t in $targets; do
-    log "building $t (release: opt-level z, LTO, 1 codegen unit, panic=abort, stripped)"
-    cargo zigbuild --release --locked --quiet -p edgehub --bin edgehub --target "$t"
+    log "building $t (release: opt-level z, LTO, 1 codegen unit, panic=abort, no unwind tables, stripped)"
+    var=CARGO_TARGET_$(echo "$t" | tr 'a-z-' 'A-Z_')_RUSTFLAGS
+    env "$var=${!var:+${!var} }$release_rustflags" \
+        cargo zigbuild --release --locked --quiet -p edgehub --bin edgehub --target "$t"
 done
 
 echo
@@ -41,8 +53,8 @@ for t in $targets; do
         *) echo "error: $bin is not statically linked: $desc" >&2; status=1 ;;
     esac
     if [ "$t" = aarch64-unknown-linux-musl ]; then
-        awk -v s="$size" 'BEGIN { printf "aarch64 size: %.2f MB of the 6 MB budget (yurthub: about 19 MB compressed)\n", s / 1000000 }'
-        [ "$size" -le "$budget_aarch64" ] || { echo "error: aarch64 binary over the 6 MB budget" >&2; status=1; }
+        awk -v s="$size" -v b="$budget_aarch64" 'BEGIN { printf "aarch64 size: %.2f MB of the %.1f MB budget (yurthub: about 19 MB compressed)\n", s / 1000000, b / 1000000 }'
+        [ "$size" -le "$budget_aarch64" ] || { echo "error: aarch64 binary over the $budget_aarch64-byte budget" >&2; status=1; }
     fi
 done
 exit $status

@@ -169,14 +169,22 @@ impl Containerd {
     where
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        match tokio::time::timeout(CALL, fut).await {
+        let t = std::time::Instant::now();
+        let out = match tokio::time::timeout(CALL, fut).await {
             Err(_) => Err(ContainerdError::Timeout {
                 method,
                 timeout: CALL,
             }),
             Ok(Ok(r)) => Ok(r.into_inner()),
             Ok(Err(s)) => Err(status(method, s)),
-        }
+        };
+        tracing::trace!(
+            method,
+            ms = t.elapsed().as_millis() as u64,
+            ok = out.is_ok(),
+            "containerd call"
+        );
+        out
     }
 
     /// Creates a lease that expires by itself after `expire` (containerd's `gc.expire`), so

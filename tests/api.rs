@@ -35,6 +35,7 @@ fn api_state(h: &Harness) -> ApiState {
         images: None,
         image_gc: None,
         identity: None,
+        pods: Default::default(),
     }
 }
 

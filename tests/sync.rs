@@ -438,6 +438,117 @@ async fn shutdown_does_not_wait_for_a_hanging_apiserver() {
     h.server.stall(false);
 }
 
+/// Requests since the log was cleared that were not watches, as (verb, resource) strings.
+fn not_watches(h: &Harness) -> Vec<String> {
+    h.server
+        .requests()
+        .into_iter()
+        .filter(|r| !r.is_watch())
+        .map(|r| format!("{} {}?{:?}", r.method, r.path, r.query))
+        .collect()
+}
+
+/// A cut shorter than the watch window: once the link is back, every reflector resumes its
+/// watch from its cursor and the changes made during the cut arrive through it. Nothing
+/// else is sent: no list, and no `limit=1` version check before each watch (a fleet whose
+/// link came back used to send one per resource per device).
+#[tokio::test]
+async fn a_short_cut_resumes_every_watch_and_sends_nothing_else() {
+    let mut h = Harness::new().await;
+    h.start();
+    h.wait_converged().await;
+    wait_until(10, "the four watches are open", || {
+        ["pods", "nodes", "daemonsets", "controllerrevisions"]
+            .iter()
+            .all(|p| h.watches_of(p) >= 1)
+    })
+    .await;
+
+    h.server.set_offline(true).await.unwrap();
+    wait_until(10, "the reflectors saw the link go", || {
+        *h.sync().link.borrow() != LinkState::Online
+    })
+    .await;
+    let rv = bump_pod(&h, "telemetry-sv74m", "during-the-cut");
+    h.server.clear_log();
+    h.server.set_offline(false).await.unwrap();
+    wait_until(15, "the change made during the cut arrives", || {
+        h.stored_rv(Kind::Pod, "vehicle", "telemetry-sv74m")
+            .as_deref()
+            == Some(rv.as_str())
+    })
+    .await;
+    h.wait_converged().await;
+    wait_until(10, "every watch resumed", || {
+        ["pods", "nodes", "daemonsets", "controllerrevisions"]
+            .iter()
+            .all(|p| h.watches_of(p) >= 1)
+    })
+    .await;
+    assert_eq!(not_watches(&h), Vec::<String>::new(), "only watches");
+    assert!(
+        h.server
+            .requests()
+            .iter()
+            .all(|r| r.query.get("resourceVersion").is_some_and(|v| v != "0")),
+        "each watch resumed from a cursor"
+    );
+    h.stop().await;
+}
+
+/// A cut longer than the watch window: the history the cursors point into is compacted
+/// meanwhile, so each resumed watch gets the apiserver's one ERROR event, 410 "too old
+/// resource version", and its reflector lists again, node-scoped, once, with no version
+/// check first; what was deleted during the cut is gone from the cache.
+#[tokio::test]
+async fn a_cut_past_the_watch_window_relists_on_the_410() {
+    let mut h = Harness::new().await;
+    h.start();
+    h.wait_converged().await;
+    h.server.set_offline(true).await.unwrap();
+    wait_until(10, "the reflectors saw the link go", || {
+        *h.sync().link.borrow() != LinkState::Online
+    })
+    .await;
+    h.server.remove("pods", "vehicle", "gateway-v9hb2");
+    bump_pod(&h, "telemetry-sv74m", "during-the-cut");
+    h.server.compact();
+    h.server.clear_log();
+    h.server.set_offline(false).await.unwrap();
+    h.wait_converged().await;
+    assert!(h
+        .store()
+        .get(Kind::Pod, "vehicle", "gateway-v9hb2")
+        .unwrap()
+        .is_none());
+    wait_until(10, "every resource listed again", || {
+        ["pods", "nodes", "daemonsets", "controllerrevisions"]
+            .iter()
+            .all(|p| h.lists_of(p) == 1)
+    })
+    .await;
+    let first_pod_requests: Vec<(bool, u16)> = h
+        .server
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.ends_with("/pods"))
+        .take(2)
+        .map(|r| (r.is_watch(), r.status))
+        .collect();
+    assert_eq!(
+        first_pod_requests,
+        [(true, 200), (false, 200)],
+        "the watch (its 410 comes as an event), then the list"
+    );
+    assert_eq!(
+        h.server
+            .count(|r| r.query.contains_key("resourceVersionMatch")),
+        0,
+        "no version check"
+    );
+    h.stop().await;
+}
+
 /// After an etcd restore from a backup the apiserver's versions go back, and edgehub's
 /// cursor is ahead of them. A watch from it is accepted and stays silent (the server sends
 /// nothing, not even bookmarks, until its own versions pass the cursor, and what changed in

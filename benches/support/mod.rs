@@ -105,6 +105,9 @@ pub struct Edge {
     pub config: PathBuf,
     pub child: Option<Child>,
     bin: PathBuf,
+    /// When set ([`Edge::pipe_log`]), the log reaches `edgehub.log` through a pipe this
+    /// process copies, counted here, so that edgehub's own `write_bytes` leave it out.
+    log_bytes: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
 }
 
 impl Edge {
@@ -142,7 +145,16 @@ impl Edge {
             config,
             child: None,
             bin: bin.into(),
+            log_bytes: None,
         }
+    }
+
+    /// From the next start on, the log goes through a pipe: the flash bench counts what
+    /// edgehub itself writes to storage, and a device's log goes to the journal, not to a file
+    /// of edgehub's. Returns the count of log bytes (what the journal would get).
+    pub fn pipe_log(&mut self) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
+        let n = self.log_bytes.get_or_insert_with(Default::default);
+        n.clone()
     }
 
     /// Starts `edgehub run`, its log in `edgehub.log`; `env` is added to its environment.
@@ -152,17 +164,48 @@ impl Edge {
             .append(true)
             .open(self.dir.join("edgehub.log"))
             .expect("log file");
-        let mut cmd = Command::new(&self.bin);
+        // `EDGEHUB_BENCH_WRAPPER` (say `heaptrack -o /tmp/eh` or `strace -f -tt -o /tmp/eh`)
+        // runs edgehub under a tool, to see where a number comes from; the pid and /proc
+        // readings are then the tool's, so the numbers printed mean nothing.
+        let wrapper = std::env::var("EDGEHUB_BENCH_WRAPPER").unwrap_or_default();
+        let mut words = wrapper.split_whitespace();
+        let mut cmd = match words.next() {
+            Some(tool) => {
+                let mut c = Command::new(tool);
+                c.args(words).arg(&self.bin);
+                c
+            }
+            None => Command::new(&self.bin),
+        };
         cmd.arg("--config")
             .arg(&self.config)
             .arg("run")
-            .stdout(Stdio::null())
-            .stderr(log);
+            .stdout(Stdio::null());
+        if self.log_bytes.is_some() {
+            cmd.stderr(Stdio::piped());
+        } else {
+            cmd.stderr(log.try_clone().expect("log file"));
+        }
         for (k, v) in env {
             cmd.env(k, v);
         }
         let t = Instant::now();
-        self.child = Some(cmd.spawn().expect("edgehub starts"));
+        let mut child = cmd.spawn().expect("edgehub starts");
+        if let (Some(count), Some(mut err)) = (self.log_bytes.clone(), child.stderr.take()) {
+            let mut log = log;
+            std::thread::spawn(move || {
+                use std::io::{Read, Write};
+                let mut buf = [0u8; 8192];
+                while let Ok(n) = err.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    count.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+                    let _ = log.write_all(&buf[..n]);
+                }
+            });
+        }
+        self.child = Some(child);
         t
     }
 

@@ -10,36 +10,49 @@ use crate::store::{NewRequest, Recorded, RequestKind, RequestRecord};
 use serde_json::json;
 use std::sync::atomic::Ordering;
 
-/// `GET /pods`: the node's pods from the cache, each with its `PodNeedUpgrade` condition.
+/// `GET /pods`: the node's pods from the cache, each with its `PodNeedUpgrade` condition,
+/// kept rendered until the store changes ([`super::rendered`]).
 pub fn pods(state: &ApiState) -> Reply {
-    let pods = match state.store.list(Kind::Pod) {
-        Ok(p) => p,
-        Err(e) => return Reply::internal("Get pod list failed", &e),
-    };
-    let mut decider = Decider::new(&state.store);
+    let store = &state.store;
+    let got = state
+        .pods
+        .get_or_render(|| store.generation(), || render_pods(store));
+    match got {
+        Ok((body, fresh)) => {
+            if fresh {
+                state.pods.sweep_later(super::rendered::KEEP);
+            }
+            Reply {
+                body,
+                ..Reply::json(200, String::new())
+            }
+        }
+        Err(e) => Reply::internal("Get pod list failed", &e),
+    }
+}
+
+/// The PodList `GET /pods` serves, built from the store.
+fn render_pods(store: &crate::store::Store) -> Result<bytes::Bytes, crate::store::StoreError> {
+    let pods = store.list(Kind::Pod)?;
+    let mut decider = Decider::new(store);
     // What the device runs is the truth: the status edgehub has queued for the apiserver
     // (after an offline upgrade, the new images) is served before the cloud has it.
-    let queued: std::collections::HashMap<String, String> = match state.store.queued_statuses() {
-        Ok(q) => q.into_iter().map(|q| (q.pod_uid, q.status)).collect(),
-        Err(e) => return Reply::internal("Get pod list failed", &e),
-    };
+    let queued: std::collections::HashMap<String, String> = store
+        .queued_statuses()?
+        .into_iter()
+        .map(|q| (q.pod_uid, q.status))
+        .collect();
     let size: usize = pods.iter().map(|p| p.raw.len() + 160).sum();
     let mut out = String::with_capacity(POD_LIST_START.len() + size + POD_LIST_END.len());
     out.push_str(POD_LIST_START);
     for (i, pod) in pods.iter().enumerate() {
-        let need = match decider.decide(&pod.index) {
-            Ok(n) => n,
-            Err(e) => return Reply::internal("Get pod list failed", &e),
-        };
+        let need = decider.decide(&pod.index)?;
         if i > 0 {
             out.push(',');
         }
         let uid = &pod.index.uid;
         // And the revision it runs, when an upgrade committed one the cloud has not heard of.
-        let running = match decider.running_hash(uid) {
-            Ok(h) => h,
-            Err(e) => return Reply::internal("Get pod list failed", &e),
-        };
+        let running = decider.running_hash(uid)?;
         let overlaid = (queued.contains_key(uid) || running.is_some())
             .then(|| as_run(&pod.raw, queued.get(uid), running))
             .flatten();
@@ -52,7 +65,7 @@ pub fn pods(state: &ApiState) -> Reply {
         }
     }
     out.push_str(POD_LIST_END);
-    Reply::json(200, out)
+    Ok(bytes::Bytes::from(out))
 }
 
 /// The pod JSON as the device runs it: the status edgehub queued merged onto the apiserver's

@@ -18,6 +18,7 @@ pub mod logs;
 pub mod metrics;
 pub mod podlist;
 pub mod rawjson;
+pub mod rendered;
 pub mod router;
 
 use crate::link::LinkState;
@@ -114,6 +115,8 @@ pub struct ApiState {
     /// The identity task's status and the bootstrap token's handover; `None` when the node
     /// credential is made by hand.
     pub identity: Option<identity::IdentityHandle>,
+    /// `GET /pods` as last rendered, served until the store changes.
+    pub pods: Arc<rendered::Rendered>,
 }
 
 /// A response before it becomes HTTP.

@@ -161,11 +161,20 @@ impl CriClient {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        match tokio::time::timeout(timeout, f()).await {
+        // Each call's duration at trace level: what the start path waits on, with timestamps.
+        let t = std::time::Instant::now();
+        let out = match tokio::time::timeout(timeout, f()).await {
             Err(_) => Err(CriError::Timeout { method, timeout }),
             Ok(Ok(r)) => Ok(r.into_inner()),
             Ok(Err(s)) => Err(self.map_status(method, timeout, s)),
-        }
+        };
+        tracing::trace!(
+            method,
+            ms = t.elapsed().as_millis() as u64,
+            ok = out.is_ok(),
+            "CRI call"
+        );
+        out
     }
 
     fn map_status(&self, method: &'static str, timeout: Duration, s: tonic::Status) -> CriError {

@@ -147,6 +147,15 @@ impl Store {
         &self.path
     }
 
+    /// A number that moves whenever anything in the file changed through this store: SQLite's
+    /// count of the rows inserted, updated or deleted since the connection opened
+    /// (`sqlite3_total_changes64`). The store is the file's only writer (its lock on the data
+    /// dir), so a view derived from the store (the rendered pod list of `GET /pods`) stays
+    /// true for as long as this number does not move, whatever it was derived from.
+    pub fn generation(&self) -> u64 {
+        self.conn().total_changes()
+    }
+
     fn conn(&self) -> MutexGuard<'_, Connection> {
         // A poisoned mutex only means another thread panicked while holding it; SQLite's own
         // transaction state is still consistent, so carry on with the connection.

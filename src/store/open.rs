@@ -272,6 +272,10 @@ fn check_and_open(path: &Path) -> Result<Connection, StoreError> {
     )
     .map_err(|e| classify(path, e))?;
     conn.busy_timeout(Duration::from_secs(2))?;
+    // The page cache's bound before the first read (see below): the integrity check reads
+    // every page, and with SQLite's default 2 MiB cache they all stayed until the bound came.
+    conn.execute_batch("PRAGMA cache_size=-64;")
+        .map_err(|e| classify(path, e))?;
 
     let check: String = conn
         .query_row("PRAGMA quick_check(1)", [], |r| r.get(0))

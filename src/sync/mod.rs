@@ -14,10 +14,13 @@
 //! - a cursor ahead of the server (its etcd restored from a backup): the apiserver accepts a
 //!   watch from a version it does not have and sends nothing until its own versions pass it,
 //!   events in between lost; only a list with such a version answers 504 "Too large resource
-//!   version". So before watching from a cursor it did not just list (at start, and after
-//!   any error: an etcd restore restarts the apiserver), a reflector asks the server whether
-//!   it has that version ([`ApiClient::check_resource_version`], one small request), and on
-//!   the 504 lists again, node-scoped as always, as it does on a 410;
+//!   version". Such a watch is the only one that stays silent (a server that has the version
+//!   sends events, or a bookmark every minute once it moved on; a too-old version gets 410),
+//!   so when a watch the server answered delivers nothing until the idle timeout, a reflector
+//!   asks the server whether it has that version ([`ApiClient::check_resource_version`], one
+//!   small request), and on the 504 lists again, node-scoped as always, as it does on a 410.
+//!   A start or a reconnect resumes the watches from their cursors with no other request:
+//!   a fleet whose link returns sends its watches, not a version check before each;
 //! - a watch that ends normally (server timeout) is restarted at once from the last version;
 //! - errors back off exponentially with full jitter, capped; a 429's Retry-After is honoured;
 //! - unchanged objects and bookmarks write nothing; the cursor travels with real changes, and

@@ -48,6 +48,8 @@ struct Cursor {
     seen: Option<String>,
     /// Last version written to the store.
     persisted: Option<String>,
+    /// The current watch was answered and has delivered nothing yet, not even a bookmark.
+    silent: bool,
 }
 
 impl Reflector {
@@ -64,14 +66,21 @@ impl Reflector {
             key: key.clone(),
             seen: persisted.clone(),
             persisted,
+            silent: false,
         };
         if let Some(rv) = &cursor.seen {
             tracing::info!(resource = %key, resource_version = %rv, "resuming watch from the stored cursor");
         }
         let mut backoff = Backoff::new(self.cfg.backoff_initial, self.cfg.backoff_max);
-        // Whether the server must confirm it has the cursor's version before a watch from it:
-        // a stored cursor may be ahead of a server restored from a backup meanwhile.
-        let mut check = cursor.seen.is_some();
+        // Whether the server must confirm it has the cursor's version before a watch from it.
+        // A stored cursor may be ahead of a server restored from a backup meanwhile, but a
+        // watch from it says so itself, so the check waits for that: a watch from a version
+        // the server has is answered with events or a bookmark (every minute once the server
+        // moved on), one from a version too old ends with 410, and only one from a version
+        // the server does not have yet stays silent (see `doubts`). Checking at every start
+        // and after every error cost a request per resource per reconnect: a fleet whose link
+        // returns sent as many version checks as watches.
+        let mut check = false;
         loop {
             if *shutdown.borrow() {
                 break;
@@ -109,9 +118,16 @@ impl Reflector {
                 Ok(Some(WatchEnd::Shutdown)) => break,
                 Err(e) => {
                     self.stats.errors.fetch_add(1, Ordering::Relaxed);
-                    // Whatever broke (the link, the apiserver restarting after an etcd
-                    // restore), the server must confirm the cursor before the next watch.
-                    check = true;
+                    // A watch the server answered and then left silent past the idle
+                    // timeout is the one sign of a cursor ahead of the server: confirm the
+                    // cursor before watching from it again. Any other error (the link, the
+                    // apiserver restarting) resumes the watch from the cursor.
+                    check = doubts(&e, cursor.silent);
+                    if check {
+                        tracing::info!(resource = %key, resource_version = ?cursor.seen,
+                            "the watch stayed silent; asking the apiserver whether it has this resourceVersion");
+                    }
+                    cursor.silent = false;
                     let delay = match &e {
                         ReflectError::Kube(k) if k.is_expired() => {
                             cursor.seen = None;
@@ -249,11 +265,13 @@ impl Reflector {
             )
             .await?;
         self.link.online();
+        cursor.silent = true;
         loop {
             let ev = tokio::select! {
                 ev = stream.next() => ev?,
                 _ = shutdown.changed() => return Ok(WatchEnd::Shutdown),
             };
+            cursor.silent = false;
             let Some(ev) = ev else {
                 self.checkpoint(cursor, false);
                 return Ok(WatchEnd::Closed);
@@ -359,5 +377,49 @@ impl Reflector {
                 tracing::warn!(resource = %cursor.key, error = %e, "cannot checkpoint the sync cursors")
             }
         }
+    }
+}
+
+/// Whether a reflector's error gives reason to doubt its cursor: the watch was answered, then
+/// nothing came (not an event, not a bookmark) until the idle timeout. That is how a watch
+/// from a version the server does not have yet behaves (an etcd restored from a backup): the
+/// apiserver accepts it and stays silent until its own versions pass it. A cut link, a
+/// refused connection, an error status or a watch that delivered something say nothing about
+/// the cursor; a too-old cursor gets its 410.
+fn doubts(e: &ReflectError, silent: bool) -> bool {
+    silent && matches!(e, ReflectError::Kube(k) if matches!(**k, KubeError::Timeout { .. }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kube::Request;
+
+    fn timeout() -> ReflectError {
+        ReflectError::from(KubeError::Timeout {
+            request: Request {
+                verb: "watch",
+                resource: "pods".into(),
+                namespace: None,
+                name: None,
+            },
+            timeout: Duration::from_secs(120),
+        })
+    }
+
+    #[test]
+    fn only_a_silent_watch_that_timed_out_doubts_the_cursor() {
+        assert!(doubts(&timeout(), true));
+        assert!(!doubts(&timeout(), false), "it delivered something first");
+        let cut = ReflectError::from(KubeError::Stream {
+            request: Request {
+                verb: "watch",
+                resource: "pods".into(),
+                namespace: None,
+                name: None,
+            },
+            reason: "watch connection lost".into(),
+        });
+        assert!(!doubts(&cut, true), "a cut link says nothing of the cursor");
     }
 }
