@@ -60,6 +60,9 @@ pub struct Options {
     /// Attested approval of first node certificates against the fleet CA found here (opt-in;
     /// `None`: off, CSRs are left to the cluster's approvers).
     pub attest_fleet_ca: Option<super::approve::CaSource>,
+    /// Where attested approval records the keys it approved, one ConfigMap per node
+    /// ([`super::approve::replay`]).
+    pub attest_record_namespace: String,
     /// Approve nodes' kubelet-serving CSRs for the addresses their Node reports, deny the
     /// rest (opt-in; off: they wait for `kubectl certificate approve`).
     pub approve_serving: bool,
@@ -78,6 +81,7 @@ impl Default for Options {
             resync: Duration::from_secs(300),
             debounce: Duration::from_millis(100),
             attest_fleet_ca: None,
+            attest_record_namespace: super::approve::replay::DEFAULT_NAMESPACE.into(),
             approve_serving: false,
         }
     }
@@ -205,6 +209,7 @@ pub async fn run(
         tokio::spawn(super::approve::run(
             client.clone(),
             ca,
+            opts.attest_record_namespace.clone(),
             metrics.clone(),
             stop_rx.clone(),
         ))

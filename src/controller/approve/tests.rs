@@ -88,9 +88,13 @@ fn an_attested_bootstrap_csr_is_approved_for_its_node() {
     let d = device(&fleet, "edge-1");
     let c = Case::bootstrap(&d, "edge-1");
     match decide(&c.view(), &fleet_ca(&fleet), NOW) {
-        Verdict::Approve { node, serial } => {
+        Verdict::Approve { node, serial, key } => {
             assert_eq!(node, "edge-1");
-            assert!(Verdict::approval_message(&node, &serial).contains(&serial));
+            // The key the record keeps is this CSR's.
+            let spki = NodeRequest::parse(c.request.as_bytes()).unwrap().spki_der;
+            assert_eq!(key, replay::key_fingerprint(&spki));
+            let m = Verdict::approval_message(&node, &serial, &key);
+            assert!(m.contains(&serial) && m.contains(&key), "{m}");
         }
         v => panic!("{v:?}"),
     }
