@@ -424,6 +424,14 @@ mod tests {
         );
         assert!(t.contains("lapsed: bootstrap credential bootstrap token refused by the apiserver (401): expired or unknown since 2026-06-01T10:00:00Z\n"), "{t}");
         assert!(t.contains("edgehub bootstrap --token-file FILE"), "{t}");
+        assert!(!t.contains("denied:"), "{t}");
+        // A denied CSR, as the identity task saw it.
+        let denied = body.replace(
+            r#""waitingForClock":false,"#,
+            r#""waitingForClock":false,"lastDenial":{"csr":"node-csr-bk44f","reason":"NodeNameMismatch","message":"the factory certificate names \"edge-7\"","at":"2026-12-02T01:18:28Z"},"#,
+        );
+        let t = status_text(&denied).unwrap();
+        assert!(t.contains("denied: CSR node-csr-bk44f at 2026-12-02T01:18:28Z: NodeNameMismatch: the factory certificate names \"edge-7\" (asks again"), "{t}");
         // Without identity management: no identity lines.
         let plain =
             status_text(r#"{"node":"n","link":{"state":"Online"},"cache":{},"identity":null}"#)

@@ -169,6 +169,10 @@ struct ControllerArgs {
     /// secret/<namespace>/<name>), and deny the rest. Off without it.
     #[arg(long, value_name = "KIND/NAMESPACE/NAME")]
     attest_fleet_ca: Option<edgehub::controller::approve::CaSource>,
+    /// With --attest-fleet-ca: the namespace of the record of attested keys (a ConfigMap
+    /// per node; each key is approved once).
+    #[arg(long, default_value = edgehub::controller::approve::replay::DEFAULT_NAMESPACE)]
+    attest_record_namespace: String,
     /// Approve nodes' serving certificates (signer kubernetes.io/kubelet-serving) when the
     /// node itself asks for addresses its Node reports, and deny the rest. Off without it:
     /// they wait for `kubectl certificate approve`.
@@ -354,9 +358,13 @@ fn controller(cli: &Cli, args: &ControllerArgs) -> anyhow::Result<()> {
         },
         resync: Duration::from_secs(args.resync_secs.max(1)),
         attest_fleet_ca: args.attest_fleet_ca.clone(),
+        attest_record_namespace: args.attest_record_namespace.clone(),
         approve_serving: args.approve_serving_certs,
         ..controller::Options::default()
     };
+    if let Err(e) = edgehub::names::check_label(&opts.attest_record_namespace) {
+        anyhow::bail!("--attest-record-namespace: {e}");
+    }
     if opts.lease.renew_deadline >= opts.lease.lease_duration {
         anyhow::bail!("--renew-deadline-secs must be less than --lease-duration-secs, or two replicas could lead at once");
     }

@@ -186,6 +186,30 @@ fn s<'a>(v: &'a Value, p: &str) -> &'a str {
     v.pointer(p).and_then(Value::as_str).unwrap_or("")
 }
 
+/// The pod's namespace (empty when it has none).
+fn pod_ns(pod: &Value) -> String {
+    s(pod, "/metadata/namespace").to_string()
+}
+
+/// A ConfigMap or Secret a pod needs that the cache does not hold: `not_found` when the
+/// apiserver said it does not exist, else not fetched yet. Volumes and env both refer to them.
+fn missing_object(kind: &str, ns: &str, name: &str, not_found: bool) -> Missing {
+    let (reason, what) = if kind == "secrets" {
+        ("SecretUnavailable", "secret")
+    } else {
+        ("ConfigMapUnavailable", "configmap")
+    };
+    Missing {
+        reason,
+        known_absent: not_found,
+        message: if not_found {
+            format!("{what} \"{ns}/{name}\" not found")
+        } else {
+            format!("{what} \"{ns}/{name}\" is not cached yet: edgehub has not fetched it from the apiserver since the pod arrived")
+        },
+    }
+}
+
 /// Pod-level fields edgehub does not run. (Those it handles, or can safely ignore as a node
 /// agent without those features, are not listed.)
 const UNSUPPORTED_POD_FIELDS: &[&str] = &[

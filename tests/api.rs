@@ -1301,6 +1301,7 @@ async fn the_bootstrap_token_handover_is_guarded_and_checks_what_it_gets() {
         cert_refused_since: None,
         bootstrap: &BootstrapSeen::Unused,
         bootstrap_source: "kubeconfig",
+        last_denial: None,
     }));
     let a = put(Some("s3cret"), TOKEN).await.unwrap().unwrap();
     assert_eq!(a.status, 409, "{}", a.body);

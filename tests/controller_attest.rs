@@ -237,8 +237,10 @@ async fn only_a_device_whose_factory_certificate_names_it_gets_a_first_certifica
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     // The controller's requests for this: one list and one watch of the signer's CSRs, one
-    // /approval write per bootstrap CSR and none for the renewal, and the fleet CA read
-    // twice: missing when the first CSR came, found 10 s later, then kept for a minute.
+    // /approval write per bootstrap CSR and none for the renewal, the fleet CA read twice:
+    // missing when the first CSR came, found 10 s later, then kept for a minute; and for the
+    // one approval, the node's record of attested keys read and written once (the denials
+    // read no record).
     let by_kind = requests_by_kind(&server);
     println!("controller requests: {by_kind:#?}");
     let n = |k: &str| by_kind.get(k).copied().unwrap_or(0);
@@ -253,7 +255,17 @@ async fn only_a_device_whose_factory_certificate_names_it_gets_a_first_certifica
         5,
         "{by_kind:?}"
     );
-    assert_eq!(n("GET configmaps"), 2, "{by_kind:?}");
+    let configmaps = |method: &str, ns: &str| {
+        server.count(|r| {
+            r.user.as_deref() == Some("admin")
+                && r.method == method
+                && r.path.contains(&format!("/namespaces/{ns}/configmaps"))
+        })
+    };
+    assert_eq!(configmaps("GET", "kube-system"), 2, "{by_kind:?}");
+    assert_eq!(configmaps("GET", "edgehub-attest"), 1, "{by_kind:?}");
+    assert_eq!(configmaps("POST", "edgehub-attest"), 1, "{by_kind:?}");
+    assert_eq!(n("GET configmaps"), 3, "{by_kind:?}");
     // Both the list and the watch are narrowed to the kubelet client signer.
     let selectors: Vec<Option<String>> = server
         .requests()
@@ -409,4 +421,138 @@ async fn the_fleet_ca_can_be_a_secret() {
         "{message}"
     );
     issued_cert(&server, &name).await;
+}
+
+/// A PEM PKCS#10 request for `node`, signed with the key `key_pem` (PKCS#8): what a thief who
+/// copied a vehicle's node key can make at will.
+fn request_with_key(key_pem: &str, node: &str) -> String {
+    let key = KeyPair::from_pem(key_pem).unwrap();
+    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::OrganizationName, "system:nodes");
+    dn.push(DnType::CommonName, format!("system:node:{node}"));
+    p.distinguished_name = dn;
+    p.serialize_request(&key).unwrap().pem().unwrap()
+}
+
+/// Issue 31 item 9: an attestation binds the CSR's key and the node name, and the key is kept
+/// in the clear on the vehicle's flash, so whoever copies the key and captures the
+/// annotation (bootstrappers can watch CSRs) could ask again at will. The controller records
+/// each attested key per node name in the cluster (ConfigMap `edgehub-attest-<node>` in
+/// namespace `edgehub-attest`) and approves it once: the captured CSR posted again, or a new
+/// request for the same key, is denied, even after the Node is deleted and by a controller
+/// that restarted; the vehicle's own next bootstrap, with a new key, is approved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attestation_is_good_for_one_bootstrap() {
+    let server = FakeApiServer::start().await.unwrap();
+    let token = BootstrapToken::new("edge01", "0123456789abcdef");
+    server.add_bootstrap_token(token.clone());
+    let bearer = token.bearer();
+    server.set_csr_autoapprove_bindings(false, true);
+    let fleet = ca("fleet-ca");
+    server.apply("configmaps", fleet_ca_configmap(&fleet));
+    let dir = tempfile::tempdir().unwrap();
+    let kc = admin_kubeconfig(&server, dir.path());
+    let mut ctl = Controller::start(&kc, "replica-a", &["--attest-fleet-ca", FLEET_CA]);
+    wait_until(30, "the controller leads", || ctl.leading()).await;
+
+    let edge1 = factory(&fleet, "edge-1");
+    let (captured, key1) = csr("edge-1", |spki| Some(edge1.sign(spki, "edge-1").unwrap()));
+    let first = post(&server, Some(&bearer), None, &captured).await;
+    let (kind, reason, message) = decision(&server, &first).await;
+    assert_eq!(
+        (kind.as_str(), reason.as_str()),
+        ("Approved", "AttestedDeviceApproved"),
+        "{message}"
+    );
+    issued_cert(&server, &first).await;
+    // The vehicle registered; then the operator deletes its Node.
+    server.apply(
+        "nodes",
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "edge-1"}}),
+    );
+    server.remove("nodes", "", "edge-1");
+
+    // 1. The captured CSR posted again: same request, same annotation, a new CSR object.
+    let again = post(&server, Some(&bearer), None, &captured).await;
+    // 2. A new request for the same key, with the captured annotation.
+    let mut resigned = captured.clone();
+    resigned["spec"]["request"] = base64::engine::general_purpose::STANDARD
+        .encode(request_with_key(&key1, "edge-1"))
+        .into();
+    assert_ne!(resigned["spec"]["request"], captured["spec"]["request"]);
+    let same_key = post(&server, Some(&bearer), None, &resigned).await;
+    for name in [&again, &same_key] {
+        let (kind, reason, message) = decision(&server, name).await;
+        assert_eq!(
+            (kind.as_str(), reason.as_str()),
+            ("Denied", "AttestationReplayed"),
+            "{message}"
+        );
+        assert!(
+            message.contains(&first),
+            "names the CSR that used it: {message}"
+        );
+        assert!(message.contains("edge-1"), "{message}");
+        println!("AttestationReplayed: {message}");
+        let csr = server.get("certificatesigningrequests", "", name).unwrap();
+        assert!(csr.pointer("/status/certificate").is_none(), "{csr}");
+    }
+
+    // 3. The controller stops and another replica leads: the record is in the cluster, not
+    //    in the process, and the replay is denied still.
+    ctl.sigterm();
+    ctl.wait_exit(20).await;
+    let ctl = Controller::start(&kc, "replica-b", &["--attest-fleet-ca", FLEET_CA]);
+    wait_until(30, "replica-b leads", || ctl.leading()).await;
+    let later = post(&server, Some(&bearer), None, &captured).await;
+    let (kind, reason, message) = decision(&server, &later).await;
+    assert_eq!(
+        (kind.as_str(), reason.as_str()),
+        ("Denied", "AttestationReplayed"),
+        "{message}"
+    );
+
+    // 4. The vehicle bootstraps again, as edgehub does, with a new key: approved.
+    let (fresh, _) = csr("edge-1", |spki| Some(edge1.sign(spki, "edge-1").unwrap()));
+    let second = post(&server, Some(&bearer), None, &fresh).await;
+    let (kind, reason, message) = decision(&server, &second).await;
+    assert_eq!(
+        (kind.as_str(), reason.as_str()),
+        ("Approved", "AttestedDeviceApproved"),
+        "{message}"
+    );
+    issued_cert(&server, &second).await;
+
+    // The record: one ConfigMap for the node, one entry per key it was given.
+    let record = server
+        .get("configmaps", "edgehub-attest", "edgehub-attest-edge-1")
+        .expect("the record of edge-1's attested keys");
+    println!("record: {record}");
+    let entries = record["data"].as_object().unwrap();
+    assert_eq!(entries.len(), 2, "{record}");
+    assert!(entries.keys().all(|k| k.starts_with("sha256-")), "{record}");
+    assert!(entries
+        .values()
+        .any(|v| v.as_str().unwrap().contains(&first)));
+    assert!(entries
+        .values()
+        .any(|v| v.as_str().unwrap().contains(&second)));
+
+    // Its cost: per approval one read and one write of the record, per replay one read; the
+    // denials for other reasons read nothing.
+    let record_requests = |method: &str| {
+        server.count(|r| {
+            r.user.as_deref() == Some("admin")
+                && r.method == method
+                && r.path.contains("/namespaces/edgehub-attest/configmaps")
+        })
+    };
+    assert_eq!(record_requests("GET"), 2 + 3);
+    assert_eq!(record_requests("POST") + record_requests("PUT"), 2);
+    assert_eq!(
+        ctl.metric("edgehub_controller_csr_decisions_total{decision=\"approved\"}"),
+        Some(1.0)
+    );
+    assert_deploy_rbac_allows_every_request(&server);
 }

@@ -294,6 +294,45 @@ async fn a_lapsed_certificate_goes_back_to_the_bootstrap_token() {
         boots, 2,
         "the second certificate came through the bootstrap token"
     );
+    // A new key for every bootstrap (issue 31 item 9): the controller's attested approval
+    // approves a key once, so a vehicle that bootstrapped again with its old key would be
+    // denied as a replay; and the key in use is the one of the CSR whose certificate is in
+    // use.
+    let csrs = s.csrs();
+    let keys: Vec<Vec<u8>> = csrs.iter().map(csr_key).collect();
+    assert_eq!(keys.len(), 2);
+    assert_ne!(
+        keys[0], keys[1],
+        "the second bootstrap reused the first key"
+    );
+    let file = std::fs::read_to_string(credential(&d.data)).unwrap();
+    let key_at = file.find("-----BEGIN PRIVATE KEY-----").unwrap();
+    let in_use = rcgen::KeyPair::from_pem(&file[key_at..]).unwrap();
+    let issued = |c: &serde_json::Value| {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD
+            .decode(c["status"]["certificate"].as_str().unwrap_or(""))
+            .unwrap_or_default()
+    };
+    let last = csrs
+        .iter()
+        .position(|c| issued(c) == file.as_bytes()[..key_at])
+        .expect("the certificate in use came from one of the CSRs");
+    assert_eq!(
+        rcgen::PublicKeyData::subject_public_key_info(&in_use),
+        keys[last]
+    );
+}
+
+/// The SubjectPublicKeyInfo (DER) a stored CSR asks a certificate for.
+fn csr_key(csr: &serde_json::Value) -> Vec<u8> {
+    use base64::Engine;
+    let pem = base64::engine::general_purpose::STANDARD
+        .decode(csr["spec"]["request"].as_str().unwrap())
+        .unwrap();
+    let req = rcgen::CertificateSigningRequestParams::from_pem(std::str::from_utf8(&pem).unwrap())
+        .unwrap();
+    rcgen::PublicKeyData::subject_public_key_info(&req.public_key)
 }
 
 #[tokio::test]

@@ -10,7 +10,9 @@ mod common;
 mod edge;
 
 use edge::Node;
-use edgehub_testsupport::{BootstrapToken, FakeApiServer, TestOnlyCertWindow};
+use edgehub_testsupport::{
+    Approval, BootstrapToken, CsrRequest, FakeApiServer, TestOnlyCertWindow,
+};
 use serde_json::Value;
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
@@ -593,5 +595,99 @@ async fn a_token_file_that_is_the_handover_file_waits_for_the_handover() {
         .collect();
     assert!(refused.is_empty(), "{refused:?}");
     assert!(!String::from_utf8_lossy(&std::fs::read(&file).unwrap()).contains(&token.secret));
+    n.clean().await;
+}
+
+/// Issue 31 item 10: on the real cluster a clone asking for another vehicle's name was denied
+/// (`NodeNameMismatch`), and the device said nothing of it but in its log, and asked again
+/// every few seconds. The denial (CSR, reason, message, when) now shows in `/v1/status`,
+/// `edgehub status` and `GET /v1/node`, and the next round waits the longest backoff: a
+/// denial is a decision, not a fault.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_csr_shows_in_the_status_and_the_node_waits_before_asking_again() {
+    let token = BootstrapToken::new("denid1", "0123456789abcdef");
+    let mut n = identity_node("iddeny", &token, None).await;
+    // The attested approver's answer to a clone of edge-7's firmware configured as this node.
+    n.server
+        .set_csr_approver(Some(Arc::new(|r: &CsrRequest| Approval::Deny {
+            reason: "NodeNameMismatch".into(),
+            message: format!(
+                "the CSR asks for node {:?}, the factory certificate names \"edge-7\"",
+                r.common_name
+                    .as_deref()
+                    .unwrap_or("")
+                    .trim_start_matches("system:node:")
+            ),
+        })));
+    let me = "system:bootstrap:denid1";
+    let creates = |s: &FakeApiServer| {
+        s.count(|r| {
+            r.method == "POST"
+                && r.resource == "certificatesigningrequests"
+                && r.user.as_deref() == Some(me)
+        })
+    };
+    n.start();
+    n.wait_for(30, "the denial in /v1/status", |n| async move {
+        identity(n)["lastDenial"]["reason"] == "NodeNameMismatch"
+    })
+    .await;
+    let csrs = n.server.csrs();
+    assert_eq!(csrs.len(), 1, "one CSR so far");
+    let name = csrs[0]["metadata"]["name"].as_str().unwrap().to_string();
+    let cond = &csrs[0]["status"]["conditions"][0];
+    let id = identity(&n);
+    let d = &id["lastDenial"];
+    assert_eq!(d["csr"], name.as_str(), "{id}");
+    assert_eq!(d["at"], cond["lastUpdateTime"], "{id}");
+    assert!(
+        d["message"]
+            .as_str()
+            .unwrap()
+            .contains("the factory certificate names \"edge-7\""),
+        "{id}"
+    );
+    assert_eq!(id["inUse"], "none");
+
+    let (ok, out) = cli(&n, &["status"]);
+    assert!(ok, "{out}");
+    let line = format!(
+        "denied: CSR {name} at {}: NodeNameMismatch: ",
+        cond["lastUpdateTime"].as_str().unwrap()
+    );
+    assert!(out.contains(&line), "{out}");
+
+    let (code, body) = n.http("GET", "/v1/node");
+    assert_eq!(code, 200, "{body}");
+    let node: Value = serde_json::from_str(&body).unwrap();
+    let denied = node["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "CertificateRequestDenied")
+        .cloned()
+        .unwrap_or_else(|| panic!("no CertificateRequestDenied condition: {body}"));
+    assert_eq!(denied["status"], "True", "{denied}");
+    assert_eq!(denied["reason"], "NodeNameMismatch", "{denied}");
+    let m = denied["message"].as_str().unwrap();
+    assert!(m.contains(&name) && m.contains("edge-7"), "{m}");
+
+    // The next round waits the longest backoff (minutes): in a window in which the short
+    // one (1 s doubling) would have sent three CSRs or more, none went.
+    let before = creates(&n.server);
+    assert_eq!(before, 1);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(
+        creates(&n.server),
+        before,
+        "a new CSR within the short backoff after a denial"
+    );
+    // Local only: the cloud never sees the condition (the node has no credential anyway).
+    for node in n.server.list("nodes") {
+        assert!(
+            !node.to_string().contains("CertificateRequestDenied"),
+            "{node}"
+        );
+    }
     n.clean().await;
 }

@@ -1,5 +1,6 @@
 //! The layering of docs/architecture.md, enforced: a module imports only from its own layer
-//! or the layers below, and no two modules import each other, directly or round a circle.
+//! or the layers below, and no two modules import each other, directly or round a circle;
+//! nor do two files of one module (`crate::`, `super::` and `self::` paths resolved to files).
 //!
 //! It reads the layer table from docs/architecture.md (so the document and the check cannot
 //! drift) and every `crate::<module>` path outside comments in src/ (a module's `tests.rs`
@@ -364,4 +365,294 @@ fn the_reader_sees_imports_the_way_the_compiler_does() {
             ("time".to_string(), 6)
         ]
     );
+}
+
+/// The module path of each file of the library: `src/controller/run.rs` is
+/// `controller::run`, `src/podspec.rs` and `src/podspec/mod.rs` are `podspec`, and a file a
+/// `#[path = "..."] mod name;` brings in is the module that declaration names.
+fn file_modules() -> BTreeMap<PathBuf, Vec<String>> {
+    let src = Path::new(ROOT).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut out = BTreeMap::new();
+    for f in &files {
+        let rel = f.strip_prefix(&src).unwrap();
+        let mut segs: Vec<String> = rel
+            .components()
+            .map(|c| c.as_os_str().to_str().unwrap().to_string())
+            .collect();
+        let last = segs.pop().unwrap();
+        match last.as_str() {
+            "mod.rs" => {}
+            "lib.rs" if segs.is_empty() => continue,
+            _ => segs.push(last.trim_end_matches(".rs").to_string()),
+        }
+        // The binary's files: `crate::` there is the binary, not the library.
+        if segs.first().is_some_and(|s| s == "main") {
+            continue;
+        }
+        out.insert(f.clone(), segs);
+    }
+    // `#[path]` declarations move a file to the module that declares it.
+    for f in &files {
+        let Some(m) = out.get(f).cloned() else {
+            continue;
+        };
+        let text = std::fs::read_to_string(f).unwrap();
+        let mut lines = text.lines().map(str::trim);
+        while let Some(l) = lines.next() {
+            let Some(p) = l
+                .strip_prefix("#[path = \"")
+                .and_then(|p| p.strip_suffix("\"]"))
+            else {
+                continue;
+            };
+            let Some(name) = lines.next().and_then(|n| {
+                n.split_whitespace()
+                    .skip_while(|w| *w != "mod")
+                    .nth(1)
+                    .map(|n| n.trim_end_matches(';').to_string())
+            }) else {
+                continue;
+            };
+            let target = f.parent().unwrap().join(p);
+            if out.contains_key(&target) {
+                let mut path = m.clone();
+                path.push(name);
+                out.insert(target, path);
+            }
+        }
+    }
+    out
+}
+
+/// The paths a piece of code names that start with `crate::`, `super::` or `self::`, each
+/// as its segments (a `use` group gives one path per item) with its line.
+fn paths_at(text: &str) -> Vec<(Vec<String>, usize)> {
+    let code: String = text
+        .lines()
+        .map(strip_comment_and_strings)
+        .collect::<Vec<_>>()
+        .join("\n");
+    let ident = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect()
+    };
+    // The segments of `a::b::c` at the start of `s`, stopping at a group or anything else.
+    fn segments(s: &str, ident: &dyn Fn(&str) -> String) -> (Vec<String>, usize) {
+        let mut segs = Vec::new();
+        let mut at = 0;
+        loop {
+            let rest = s[at..].trim_start();
+            at = s.len() - rest.len();
+            let id = ident(rest);
+            if id.is_empty() {
+                break;
+            }
+            segs.push(id.clone());
+            at += id.len();
+            match s[at..].strip_prefix("::") {
+                Some(_) => at += 2,
+                None => break,
+            }
+        }
+        (segs, at)
+    }
+    let mut out = Vec::new();
+    let line_of = |at: usize| code[..at].matches('\n').count() + 1;
+    for lead in ["crate::", "super::", "self::"] {
+        let mut from = 0;
+        while let Some(i) = code[from..].find(lead).map(|i| from + i) {
+            from = i + lead.len();
+            if code[..i]
+                .chars()
+                .next_back()
+                .is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':' || c == '$')
+            {
+                continue;
+            }
+            let (segs, end) = segments(&code[i..], &ident);
+            let after = &code[i + end..];
+            if let Some(group) = after.strip_prefix('{') {
+                let mut depth = 0;
+                let mut item = String::new();
+                let mut items = Vec::new();
+                for c in group.chars() {
+                    match c {
+                        '{' => depth += 1,
+                        '}' if depth == 0 => break,
+                        '}' => depth -= 1,
+                        ',' if depth == 0 => {
+                            items.push(std::mem::take(&mut item));
+                            continue;
+                        }
+                        _ => {}
+                    }
+                    item.push(c);
+                }
+                items.push(item);
+                for it in items {
+                    let (more, _) = segments(&it, &ident);
+                    let mut p = segs.clone();
+                    p.extend(more.into_iter().filter(|s| s != "self"));
+                    out.push((p, line_of(i)));
+                }
+            } else {
+                out.push((segs, line_of(i)));
+            }
+        }
+    }
+    out
+}
+
+/// Resolves `segs` (starting with `crate`, `super` or `self`) named in module `from` to the
+/// longest module path that is a file of ours.
+fn resolve(from: &[String], segs: &[String], known: &BTreeSet<Vec<String>>) -> Option<Vec<String>> {
+    let mut base: Vec<String>;
+    let mut rest = segs;
+    match rest.first().map(String::as_str) {
+        Some("crate") => {
+            base = Vec::new();
+            rest = &rest[1..];
+        }
+        Some("self") => {
+            base = from.to_vec();
+            rest = &rest[1..];
+        }
+        Some("super") => {
+            base = from.to_vec();
+            while rest.first().is_some_and(|s| s == "super") {
+                base.pop();
+                rest = &rest[1..];
+            }
+        }
+        _ => return None,
+    }
+    base.extend(rest.iter().cloned());
+    (1..=base.len())
+        .rev()
+        .map(|n| base[..n].to_vec())
+        .find(|p| known.contains(p))
+}
+
+/// file module -> file module it names -> where (file:line); a module naming its own
+/// ancestors (`use super::*`) or descendants (`mod x; pub use x::y;`) is structure, not an
+/// import between files, and is left out.
+fn file_imports() -> BTreeMap<Vec<String>, BTreeMap<Vec<String>, Vec<String>>> {
+    let files = file_modules();
+    let known: BTreeSet<Vec<String>> = files.values().cloned().collect();
+    let mut out: BTreeMap<Vec<String>, BTreeMap<Vec<String>, Vec<String>>> = BTreeMap::new();
+    for (f, m) in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        let rel = f.strip_prefix(ROOT).unwrap().display().to_string();
+        for (segs, line) in paths_at(&text) {
+            let Some(to) = resolve(m, &segs, &known) else {
+                continue;
+            };
+            if to.starts_with(m) || m.starts_with(&to) {
+                continue;
+            }
+            out.entry(m.clone())
+                .or_default()
+                .entry(to)
+                .or_default()
+                .push(format!("{rel}:{line}"));
+        }
+    }
+    out
+}
+
+#[test]
+fn no_two_files_of_a_module_import_each_other_round_a_circle() {
+    let graph = file_imports();
+    fn visit(
+        m: &Vec<String>,
+        graph: &BTreeMap<Vec<String>, BTreeMap<Vec<String>, Vec<String>>>,
+        stack: &mut Vec<Vec<String>>,
+        done: &mut BTreeSet<Vec<String>>,
+        found: &mut Vec<String>,
+    ) {
+        if done.contains(m) {
+            return;
+        }
+        if let Some(i) = stack.iter().position(|s| s == m) {
+            let mut circle = stack[i..].to_vec();
+            circle.push(m.clone());
+            let edges: Vec<String> = circle
+                .windows(2)
+                .map(|w| {
+                    let at = graph
+                        .get(&w[0])
+                        .and_then(|t| t.get(&w[1]))
+                        .and_then(|a| a.first())
+                        .cloned()
+                        .unwrap_or_default();
+                    format!("{} -> {} ({at})", w[0].join("::"), w[1].join("::"))
+                })
+                .collect();
+            found.push(edges.join(", "));
+            return;
+        }
+        stack.push(m.clone());
+        if let Some(tos) = graph.get(m) {
+            for to in tos.keys() {
+                visit(to, graph, stack, done, found);
+            }
+        }
+        stack.pop();
+        done.insert(m.clone());
+    }
+    let mut found = Vec::new();
+    let mut done = BTreeSet::new();
+    for m in graph.keys() {
+        visit(m, &graph, &mut Vec::new(), &mut done, &mut found);
+    }
+    assert!(
+        found.is_empty(),
+        "files that import each other (move what both need to where it belongs, so the \
+         imports point one way):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_file_reader_resolves_paths_the_way_the_compiler_does() {
+    let known: BTreeSet<Vec<String>> = [
+        vec!["podspec"],
+        vec!["podspec", "env"],
+        vec!["podspec", "volumes"],
+        vec!["controller"],
+        vec!["controller", "approve"],
+        vec!["controller", "approve", "watch"],
+    ]
+    .into_iter()
+    .map(|v| v.into_iter().map(String::from).collect())
+    .collect();
+    let m = |s: &str| -> Vec<String> { s.split("::").map(String::from).collect() };
+    let env = m("podspec::env");
+    let text = "use super::volumes::{missing_object, pod_ns};\nuse super::*;\n// super::nothing\nfn f() { crate::controller::approve::watch::run() }";
+    let got: Vec<_> = paths_at(text)
+        .into_iter()
+        .filter_map(|(p, line)| resolve(&env, &p, &known).map(|r| (r.join("::"), line)))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("controller::approve::watch".to_string(), 4),
+            ("podspec::volumes".to_string(), 1),
+            ("podspec::volumes".to_string(), 1),
+            ("podspec".to_string(), 2),
+        ]
+    );
+    let watch = m("controller::approve::watch");
+    assert_eq!(
+        resolve(&watch, &m("super::super::approve::x"), &known),
+        Some(m("controller::approve"))
+    );
+    assert_eq!(
+        resolve(&watch, &m("self::inner"), &known),
+        Some(watch.clone())
+    );
+    assert!(paths_at("let x = $crate::y;").is_empty());
 }

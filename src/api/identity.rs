@@ -1,6 +1,7 @@
 //! The node's identity on the local API: the `identity` section of `/v1/status`, the Node's
-//! local view (`GET /v1/node`, with the device-side `CredentialsLapsed` condition, never sent
-//! to the apiserver), and the handover of a bootstrap token (`PUT /v1/bootstrap-token`).
+//! local view (`GET /v1/node`, with the device-side `CredentialsLapsed` and
+//! `CertificateRequestDenied` conditions, never sent to the apiserver), and the handover of a
+//! bootstrap token (`PUT /v1/bootstrap-token`).
 
 use super::{ApiState, Reply};
 use crate::identity::handover::{Handover, HandoverError};
@@ -70,8 +71,42 @@ pub fn lapsed_condition(status: Option<&IdentityStatus>, now: &str) -> Value {
     })
 }
 
+/// The device-side condition: `True` while the last CSR an approver denied is the latest
+/// word on the node's certificate (until one is issued), with the denial's reason.
+pub fn denied_condition(status: Option<&IdentityStatus>, now: &str) -> Value {
+    let (st, reason, message) = match status.map(|s| s.last_denial.as_ref()) {
+        None => (
+            "Unknown",
+            "NotManaged".to_string(),
+            "the node credential is made by hand ([identity] bootstrap_kubeconfig is not set)"
+                .to_string(),
+        ),
+        Some(None) => (
+            "False",
+            "NotDenied".to_string(),
+            "no certificate request was denied since the last certificate was issued".to_string(),
+        ),
+        Some(Some(d)) => (
+            "True",
+            d.reason.clone(),
+            format!(
+                "CSR {} was denied at {}: {} (the node asks again after the longest backoff)",
+                d.csr, d.at, d.message
+            ),
+        ),
+    };
+    json!({
+        "type": "CertificateRequestDenied",
+        "status": st,
+        "reason": reason,
+        "message": message,
+        "lastHeartbeatTime": now,
+        "lastTransitionTime": now,
+    })
+}
+
 /// `GET /v1/node`: the cached Node (or a stub naming it before it was ever cached), with
-/// `CredentialsLapsed` added to its conditions.
+/// `CredentialsLapsed` and `CertificateRequestDenied` added to its conditions.
 pub fn node(state: &ApiState) -> Reply {
     let cached = match state.store.get(Kind::Node, "", &state.node_name) {
         Ok(n) => n,
@@ -83,16 +118,22 @@ pub fn node(state: &ApiState) -> Reply {
         None => json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": state.node_name}}),
     };
     let status = state.identity.as_ref().map(|h| h.status.borrow().clone());
-    let cond = lapsed_condition(status.as_ref(), &crate::time::now());
+    let now = crate::time::now();
+    let conds = [
+        lapsed_condition(status.as_ref(), &now),
+        denied_condition(status.as_ref(), &now),
+    ];
     let Some(obj) = node.as_object_mut() else {
         return Reply::internal("Get node failed", &"the cached Node is not an object");
     };
     let st = obj.entry("status").or_insert_with(|| json!({}));
     if let Some(st) = st.as_object_mut() {
-        let conds = st.entry("conditions").or_insert_with(|| json!([]));
-        if let Some(list) = conds.as_array_mut() {
-            list.retain(|c| c["type"] != "CredentialsLapsed");
-            list.push(cond);
+        let list = st.entry("conditions").or_insert_with(|| json!([]));
+        if let Some(list) = list.as_array_mut() {
+            list.retain(|c| {
+                c["type"] != "CredentialsLapsed" && c["type"] != "CertificateRequestDenied"
+            });
+            list.extend(conds);
         }
     }
     Reply::json(200, node.to_string())
@@ -154,6 +195,7 @@ mod tests {
             cert_refused_since: Some(150),
             bootstrap: &BootstrapSeen::Refused { since: 160 },
             bootstrap_source: "kubeconfig",
+            last_denial: None,
         });
         let v = lapsed_condition(Some(&s), "now");
         assert_eq!(v["status"], "True");
@@ -168,5 +210,38 @@ mod tests {
             "{m}"
         );
         assert_eq!(lapsed_condition(None, "now")["status"], "Unknown");
+        let v = denied_condition(Some(&s), "now");
+        assert_eq!(
+            (&v["status"], &v["reason"]),
+            (&json!("False"), &json!("NotDenied"))
+        );
+        assert_eq!(denied_condition(None, "now")["status"], "Unknown");
+    }
+
+    #[test]
+    fn the_denial_condition_names_the_csr_and_its_reason() {
+        let d = crate::identity::status::LastDenial {
+            csr: "node-csr-bk44f".into(),
+            reason: "NodeNameMismatch".into(),
+            message: "the factory certificate names \"edge-7\"".into(),
+            at: "2026-12-02T01:18:28Z".into(),
+        };
+        let s = compute(&Inputs {
+            now: 200,
+            cert: None,
+            cert_refused_since: None,
+            bootstrap: &BootstrapSeen::Usable,
+            bootstrap_source: "kubeconfig",
+            last_denial: Some(&d),
+        });
+        let v = denied_condition(Some(&s), "now");
+        assert_eq!(v["status"], "True");
+        assert_eq!(v["reason"], "NodeNameMismatch");
+        let m = v["message"].as_str().unwrap();
+        assert!(
+            m.contains("node-csr-bk44f") && m.contains("2026-12-02T01:18:28Z"),
+            "{m}"
+        );
+        assert!(m.contains("edge-7"), "{m}");
     }
 }

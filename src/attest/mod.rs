@@ -43,6 +43,9 @@ pub(crate) mod tests;
 pub use sign::{FactoryKey, KeyError};
 pub use verify::{verify, Denial, FleetCa, FleetCaError, VerifiedDevice};
 
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, SignatureVerificationAlgorithm};
+
 /// The CSR annotation that carries the attestation.
 pub const ANNOTATION: &str = "edgehub.io/device-attestation";
 
@@ -83,6 +86,30 @@ impl Algorithm {
         ]
         .into_iter()
         .find(|a| a.name() == name)
+    }
+
+    /// The webpki verifier of this scheme: what checks a signature the factory key made
+    /// (the device checks its key against its certificate with it, the controller the
+    /// attestation).
+    pub fn verifier(self) -> &'static dyn SignatureVerificationAlgorithm {
+        match self {
+            Algorithm::EcdsaP256Sha256 => webpki::ring::ECDSA_P256_SHA256,
+            Algorithm::EcdsaP384Sha384 => webpki::ring::ECDSA_P384_SHA384,
+            Algorithm::Ed25519 => webpki::ring::ED25519,
+        }
+    }
+}
+
+/// The certificates of a PEM chain, in order; at least one, at most [`MAX_CHAIN`]. The
+/// annotation's `chain` and the fleet CA are read with it.
+fn parse_chain(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("not PEM certificates: {e}"))?;
+    match certs.len() {
+        0 => Err("no certificate in the PEM".into()),
+        n if n > MAX_CHAIN => Err(format!("{n} certificates, at most {MAX_CHAIN}")),
+        _ => Ok(certs),
     }
 }
 

@@ -1,11 +1,11 @@
 //! The device's half: the factory key and certificate chain, and the annotation they sign.
 
-use super::{message, Algorithm, Wire, MAX_CHAIN, VERSION};
+use super::{message, parse_chain, Algorithm, Wire, VERSION};
 use base64::Engine;
 use ring::rand::SystemRandom;
 use ring::signature::{self, EcdsaKeyPair, Ed25519KeyPair, KeyPair};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::PrivateKeyDer;
 use std::path::{Path, PathBuf};
 
 /// Why the factory key or chain cannot be used.
@@ -51,18 +51,6 @@ fn read(path: &Path) -> Result<Vec<u8>, KeyError> {
         path: path.to_path_buf(),
         error,
     })
-}
-
-/// The certificates of a PEM chain, in order; at least one, at most [`MAX_CHAIN`].
-pub(super) fn parse_chain(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs = CertificateDer::pem_slice_iter(pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("not PEM certificates: {e}"))?;
-    match certs.len() {
-        0 => Err("no certificate in the PEM".into()),
-        n if n > MAX_CHAIN => Err(format!("{n} certificates, at most {MAX_CHAIN}")),
-        _ => Ok(certs),
-    }
 }
 
 impl FactoryKey {
@@ -115,7 +103,7 @@ impl FactoryKey {
         let sig = key.raw_sign(probe)?;
         let leaf = webpki::EndEntityCert::try_from(&chain[0])
             .map_err(|e| KeyError::Chain(format!("the factory certificate: {e}")))?;
-        leaf.verify_signature(super::verify::algorithm(algorithm), probe, &sig)
+        leaf.verify_signature(algorithm.verifier(), probe, &sig)
             .map_err(|_| KeyError::Mismatch)?;
         Ok(key)
     }

@@ -1,20 +1,10 @@
 //! The controller's half: an attestation, checked against the fleet CA, the CSR's key and the
 //! node name the CSR asks for.
 
-use super::sign::parse_chain;
-use super::{message, Algorithm, Wire, MAX_ANNOTATION, VERSION};
+use super::{message, parse_chain, Algorithm, Wire, MAX_ANNOTATION, VERSION};
 use base64::Engine;
 use rustls::pki_types::{CertificateDer, SignatureVerificationAlgorithm, TrustAnchor, UnixTime};
 use std::time::Duration;
-
-/// The webpki verifier of a factory key's scheme.
-pub(super) fn algorithm(a: Algorithm) -> &'static dyn SignatureVerificationAlgorithm {
-    match a {
-        Algorithm::EcdsaP256Sha256 => webpki::ring::ECDSA_P256_SHA256,
-        Algorithm::EcdsaP384Sha384 => webpki::ring::ECDSA_P384_SHA384,
-        Algorithm::Ed25519 => webpki::ring::ED25519,
-    }
-}
 
 /// Signature schemes accepted on the certificates of the chain (the fleet CA's and any
 /// intermediate's): those of rustls's *ring* provider, RSA included.
@@ -211,7 +201,7 @@ pub fn verify(
         });
     }
 
-    leaf.verify_signature(algorithm(alg), &message(csr_spki_der, node_name), &sig)
+    leaf.verify_signature(alg.verifier(), &message(csr_spki_der, node_name), &sig)
         .map_err(|e| Denial::BadSignature(e.to_string()))?;
     Ok(VerifiedDevice {
         node_name: node_name.into(),

@@ -36,6 +36,10 @@ mod run;
 #[cfg(feature = "controller")]
 pub mod views;
 
+/// The component name on Events and in the Lease's holder identity.
+#[cfg(feature = "controller")]
+const COMPONENT: &str = "edgehub-controller";
+
 #[cfg(feature = "controller")]
 pub use lease::Timings;
 #[cfg(feature = "controller")]

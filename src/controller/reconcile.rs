@@ -3,22 +3,70 @@
 //! update (`rolling`), and the Events that say why.
 
 use super::decide::{self, Decision, DeleteWhy, Input, OtaPlan, PodView, RollingPlan, Skip};
-use super::metrics::{inc, DaemonSetGauges};
-use super::run::{lock, Ctx, ReconcileError, COMPONENT, EVENT_NAMES, WRITE_CONCURRENCY};
+use super::metrics::{inc, DaemonSetGauges, Metrics};
+use super::pending::Pending;
 use super::views;
+use super::COMPONENT;
 use crate::revision::{Revision, POD_NEED_UPGRADE};
 use futures_util::{stream, StreamExt};
-use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod};
+use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
+use k8s_openapi::api::core::v1::{Event, EventSource, Node, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::ObjectRef;
-use kube::ResourceExt;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, ResourceExt};
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
+use tokio::sync::watch;
+
+/// Deletions and condition writes in flight at once per reconcile.
+const WRITE_CONCURRENCY: usize = 16;
+/// At most this many pod names in one Event message.
+const EVENT_NAMES: usize = 10;
+
+/// Why a reconcile failed; it is retried with backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error("the caches stopped")]
+    CachesGone,
+    #[error("{failed} of {total} pod deletions failed, first: {first}")]
+    Delete {
+        failed: usize,
+        total: usize,
+        first: kube::Error,
+    },
+    #[error("{failed} of {total} PodNeedUpgrade writes failed, first: {first}")]
+    Condition {
+        failed: usize,
+        total: usize,
+        first: kube::Error,
+    },
+}
+
+/// What every reconcile shares.
+pub(super) struct Ctx {
+    pub(super) client: Client,
+    pub(super) pods: Store<Pod>,
+    pub(super) nodes: Store<Node>,
+    pub(super) revisions: Store<ControllerRevision>,
+    /// True once the pod, Node and ControllerRevision caches hold a complete first list.
+    pub(super) synced: watch::Receiver<bool>,
+    pub(super) pending: Mutex<Pending>,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) identity: String,
+    pub(super) resync: Duration,
+    /// `(DaemonSet key, annotation value)` pairs already warned about by an Event.
+    pub(super) warned: Mutex<HashSet<(String, String)>>,
+    pub(super) event_seq: AtomicU64,
+}
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 fn now_ms() -> i64 {
     crate::time::now_ms()

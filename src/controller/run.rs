@@ -11,8 +11,9 @@
 use super::lease::{Elector, Lost, Timings};
 use super::metrics::{inc, Metrics};
 use super::pending::Pending;
-use super::reconcile::reconcile;
+use super::reconcile::{lock, reconcile, Ctx, ReconcileError};
 use super::views;
+use super::COMPONENT;
 use futures_util::{stream, FutureExt, StreamExt};
 use http_body_util::Full;
 use hyper::body::Bytes;
@@ -21,7 +22,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
 use kube::runtime::controller::{self, Action, ReconcileReason, ReconcileRequest};
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, ResourceExt};
 use std::collections::{HashMap, HashSet};
@@ -30,16 +31,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
 
-/// The component name on Events and in the Lease's holder identity.
-pub(super) const COMPONENT: &str = "edgehub-controller";
-/// Deletions and condition writes in flight at once per reconcile.
-pub(super) const WRITE_CONCURRENCY: usize = 16;
-/// At most this many pod names in one Event message.
-pub(super) const EVENT_NAMES: usize = 10;
 /// How long a shutdown waits for running reconciles (the Deployment allows 30 s).
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
@@ -65,6 +60,9 @@ pub struct Options {
     /// Attested approval of first node certificates against the fleet CA found here (opt-in;
     /// `None`: off, CSRs are left to the cluster's approvers).
     pub attest_fleet_ca: Option<super::approve::CaSource>,
+    /// Where attested approval records the keys it approved, one ConfigMap per node
+    /// ([`super::approve::replay`]).
+    pub attest_record_namespace: String,
     /// Approve nodes' kubelet-serving CSRs for the addresses their Node reports, deny the
     /// rest (opt-in; off: they wait for `kubectl certificate approve`).
     pub approve_serving: bool,
@@ -83,6 +81,7 @@ impl Default for Options {
             resync: Duration::from_secs(300),
             debounce: Duration::from_millis(100),
             attest_fleet_ca: None,
+            attest_record_namespace: super::approve::replay::DEFAULT_NAMESPACE.into(),
             approve_serving: false,
         }
     }
@@ -108,46 +107,6 @@ pub enum ControllerError {
     },
     #[error(transparent)]
     LostLease(#[from] Lost),
-}
-
-/// Why a reconcile failed; it is retried with backoff.
-#[derive(Debug, thiserror::Error)]
-pub enum ReconcileError {
-    #[error("the caches stopped")]
-    CachesGone,
-    #[error("{failed} of {total} pod deletions failed, first: {first}")]
-    Delete {
-        failed: usize,
-        total: usize,
-        first: kube::Error,
-    },
-    #[error("{failed} of {total} PodNeedUpgrade writes failed, first: {first}")]
-    Condition {
-        failed: usize,
-        total: usize,
-        first: kube::Error,
-    },
-}
-
-/// What every reconcile shares.
-pub(super) struct Ctx {
-    pub(super) client: Client,
-    pub(super) pods: Store<Pod>,
-    pub(super) nodes: Store<Node>,
-    pub(super) revisions: Store<ControllerRevision>,
-    /// True once the pod, Node and ControllerRevision caches hold a complete first list.
-    pub(super) synced: watch::Receiver<bool>,
-    pub(super) pending: Mutex<Pending>,
-    pub(super) metrics: Arc<Metrics>,
-    pub(super) identity: String,
-    pub(super) resync: Duration,
-    /// `(DaemonSet key, annotation value)` pairs already warned about by an Event.
-    pub(super) warned: Mutex<HashSet<(String, String)>>,
-    pub(super) event_seq: AtomicU64,
-}
-
-pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 async fn client(opts: &Options) -> Result<Client, ControllerError> {
@@ -250,6 +209,7 @@ pub async fn run(
         tokio::spawn(super::approve::run(
             client.clone(),
             ca,
+            opts.attest_record_namespace.clone(),
             metrics.clone(),
             stop_rx.clone(),
         ))

@@ -32,7 +32,7 @@ use crate::backoff::BackoffPolicy;
 use crate::kube::kubeconfig::TokenSource;
 use crate::kube::{ApiClient, ClientOptions, Kubeconfig, KubeconfigError};
 use handover::{Candidate, Handover, KubeconfigCredential};
-use status::{BootstrapSeen, IdentityStatus};
+use status::{BootstrapSeen, IdentityStatus, LastDenial};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -126,6 +126,8 @@ pub struct Identity {
     bootstrap_seen: BootstrapSeen,
     /// The apiserver answered 401 to the node certificate since this unix second.
     cert_refused_since: Option<i64>,
+    /// The last CSR an approver denied, until a certificate is issued.
+    last_denial: Option<LastDenial>,
     status: tokio::sync::watch::Sender<IdentityStatus>,
 }
 
@@ -210,6 +212,7 @@ impl Identity {
                 bootstrap_source: "kubeconfig",
                 bootstrap_seen: BootstrapSeen::Unused,
                 cert_refused_since: None,
+                last_denial: None,
                 status: tokio::sync::watch::channel(IdentityStatus::starting()).0,
             },
         ))
@@ -240,6 +243,7 @@ impl Identity {
             cert_refused_since: self.cert_refused_since,
             bootstrap: &self.bootstrap_seen,
             bootstrap_source: self.bootstrap_source,
+            last_denial: self.last_denial.as_ref(),
         });
         self.status.send_if_modified(|cur| {
             if *cur == next {
@@ -276,12 +280,28 @@ impl Identity {
                     match outcome {
                         Ok(()) => {
                             failures = 0;
+                            self.last_denial = None;
                             Duration::ZERO
                         }
                         Err(e) => {
                             failures += 1;
-                            let wait = self.backoff.jittered(failures);
-                            if e.is_offline() {
+                            let wait = request::retry_wait(&e, &self.backoff, failures);
+                            if let request::RequestError::Denied {
+                                name,
+                                reason,
+                                message,
+                                at,
+                            } = &e
+                            {
+                                tracing::warn!(csr = %name, reason, %message, retry_in = ?wait,
+                                    "node certificate request denied; asking again after the longest backoff");
+                                self.last_denial = Some(LastDenial {
+                                    csr: name.clone(),
+                                    reason: reason.clone(),
+                                    message: message.clone(),
+                                    at: at.clone().unwrap_or_else(crate::time::now),
+                                });
+                            } else if e.is_offline() {
                                 tracing::info!(error = %e, retry_in = ?wait, "node certificate round: apiserver unreachable");
                             } else {
                                 tracing::warn!(error = %e, retry_in = ?wait, "node certificate round failed");

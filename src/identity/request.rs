@@ -2,9 +2,11 @@
 //! failed, or deleted), as the kubelet's certificate manager does.
 
 use super::csr;
+use crate::backoff::BackoffPolicy;
 use crate::kube::resource::Resource;
 use crate::kube::{ApiClient, KubeError, ListParams, WatchEvent};
 use serde_json::Value;
+use std::time::Duration;
 
 pub const CSRS: Resource = Resource {
     group: "certificates.k8s.io",
@@ -24,6 +26,8 @@ pub enum RequestError {
         name: String,
         reason: String,
         message: String,
+        /// When, as the Denied condition says (RFC 3339), if it says.
+        at: Option<String>,
     },
     #[error("CSR {name} failed at signing: {reason}: {message}")]
     Failed {
@@ -47,6 +51,24 @@ impl RequestError {
     pub fn is_unauthorized(&self) -> bool {
         matches!(self, RequestError::Kube(e) if e.code() == Some(401))
     }
+
+    /// An approver decided against the CSR: a decision, not a fault.
+    pub fn is_denied(&self) -> bool {
+        matches!(self, RequestError::Denied { .. })
+    }
+}
+
+/// How long a round that failed with `e` waits before the next: a denial waits the longest
+/// backoff, as asking again at once would only be denied again (a clone of another
+/// vehicle's firmware, a node name the fleet does not know) and each CSR is a write on the
+/// apiserver; anything else backs off from the start, `failures` being the failures in a
+/// row so far (this one included).
+pub fn retry_wait(e: &RequestError, backoff: &BackoffPolicy, failures: u32) -> Duration {
+    if e.is_denied() {
+        backoff.jittered(u32::MAX)
+    } else {
+        backoff.jittered(failures)
+    }
 }
 
 /// What a round gives.
@@ -65,13 +87,55 @@ impl std::fmt::Debug for Issued {
     }
 }
 
+/// A condition that ended a CSR, as far as the device keeps it: its reason and message (at
+/// most [`MAX_REASON`] and [`MAX_MESSAGE`] characters: they are shown in the status) and
+/// when (the condition's lastUpdateTime, else its lastTransitionTime, if it looks like an
+/// RFC 3339 time).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ended {
+    pub reason: String,
+    pub message: String,
+    pub at: Option<String>,
+}
+
+/// At most this many characters of a condition's reason and message are kept.
+pub const MAX_REASON: usize = 128;
+pub const MAX_MESSAGE: usize = 1024;
+
 /// What a CSR's status says now.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Progress {
     Pending,
     Issued(String),
-    Denied(String, String),
-    Failed(String, String),
+    Denied(Ended),
+    Failed(Ended),
+}
+
+/// `s` cut to `max` characters (an ellipsis marks the cut).
+fn bounded(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        None => s.to_string(),
+        Some((at, _)) => format!("{}…", &s[..at]),
+    }
+}
+
+/// A time as the API writes it (`2026-12-02T01:18:28Z`, maybe with fractions or an
+/// offset): digits and `-:.TZ+` only, 20 to 35 characters.
+fn api_time(v: &Value) -> Option<String> {
+    let t = v.as_str()?;
+    let ok = (20..=35).contains(&t.len())
+        && t.bytes()
+            .all(|b| b.is_ascii_digit() || b"-:.TZ+".contains(&b));
+    ok.then(|| t.to_string())
+}
+
+fn ended(c: &Value) -> Ended {
+    let text = |f: &str, max| bounded(c[f].as_str().unwrap_or(""), max);
+    Ended {
+        reason: text("reason", MAX_REASON),
+        message: text("message", MAX_MESSAGE),
+        at: api_time(&c["lastUpdateTime"]).or_else(|| api_time(&c["lastTransitionTime"])),
+    }
 }
 
 /// Reads a CSR object's status (pure).
@@ -79,13 +143,12 @@ pub fn progress(obj: &Value) -> Result<Progress, String> {
     let conds = obj
         .pointer("/status/conditions")
         .and_then(Value::as_array)
-        .cloned()
+        .map(Vec::as_slice)
         .unwrap_or_default();
-    let text = |c: &Value, f: &str| c[f].as_str().unwrap_or("").to_string();
-    for c in &conds {
+    for c in conds {
         match c["type"].as_str() {
-            Some("Denied") => return Ok(Progress::Denied(text(c, "reason"), text(c, "message"))),
-            Some("Failed") => return Ok(Progress::Failed(text(c, "reason"), text(c, "message"))),
+            Some("Denied") => return Ok(Progress::Denied(ended(c))),
+            Some("Failed") => return Ok(Progress::Failed(ended(c))),
             _ => {}
         }
     }
@@ -177,18 +240,19 @@ pub async fn submit(
                     csr_name: name,
                 })
             }
-            Progress::Denied(reason, message) => {
+            Progress::Denied(e) => {
                 return Err(RequestError::Denied {
                     name,
-                    reason,
-                    message,
+                    reason: e.reason,
+                    message: e.message,
+                    at: e.at,
                 })
             }
-            Progress::Failed(reason, message) => {
+            Progress::Failed(e) => {
                 return Err(RequestError::Failed {
                     name,
-                    reason,
-                    message,
+                    reason: e.reason,
+                    message: e.message,
                 })
             }
         }
@@ -253,12 +317,60 @@ mod tests {
         );
         assert_eq!(
             progress(&json!({"status": {"conditions": [{"type": "Approved"}, {"type": "Failed", "reason": "SignerValidationFailure", "message": "usages"}]}})).unwrap(),
-            Progress::Failed("SignerValidationFailure".into(), "usages".into())
+            Progress::Failed(Ended { reason: "SignerValidationFailure".into(), message: "usages".into(), at: None })
         );
         assert_eq!(
             progress(&json!({"status": {"conditions": [{"type": "Denied", "reason": "AdminDenied", "message": "no"}]}})).unwrap(),
-            Progress::Denied("AdminDenied".into(), "no".into())
+            Progress::Denied(Ended { reason: "AdminDenied".into(), message: "no".into(), at: None })
         );
         assert!(progress(&json!({"status": {"certificate": "%%"}})).is_err());
+    }
+
+    #[test]
+    fn a_denial_as_the_requester_sees_it() {
+        let fixture: Value = serde_json::from_str(include_str!(
+            "../../tests/fixtures/apiserver/csr_denied_seen_by_requester.json"
+        ))
+        .unwrap();
+        assert_eq!(
+            progress(&fixture["response"]["body"]).unwrap(),
+            Progress::Denied(Ended {
+                reason: "AdminDenied".into(),
+                message: "not a kubelet client certificate request".into(),
+                at: Some("2026-12-02T01:18:28Z".into()),
+            })
+        );
+        // What the status shows is bounded, and a time is a time.
+        let long = json!({"status": {"conditions": [{"type": "Denied", "reason": "R".repeat(500),
+            "message": "é".repeat(5000), "lastUpdateTime": "<script>", "lastTransitionTime": "2026-12-02T01:18:28.123456+01:00"}]}});
+        let Progress::Denied(e) = progress(&long).unwrap() else {
+            panic!("denied");
+        };
+        assert_eq!(e.reason.chars().count(), MAX_REASON + 1);
+        assert_eq!(e.message.chars().count(), MAX_MESSAGE + 1);
+        assert!(e.message.ends_with('…'));
+        assert_eq!(e.at.as_deref(), Some("2026-12-02T01:18:28.123456+01:00"));
+    }
+
+    #[test]
+    fn a_denial_waits_the_longest_backoff() {
+        let b = BackoffPolicy {
+            initial: Duration::from_secs(1),
+            max: Duration::from_secs(300),
+        };
+        let denied = RequestError::Denied {
+            name: "node-csr-x".into(),
+            reason: "NodeNameMismatch".into(),
+            message: "m".into(),
+            at: None,
+        };
+        let failed = RequestError::Gone {
+            name: "node-csr-x".into(),
+        };
+        for failures in [1, 2, 5] {
+            assert!(retry_wait(&denied, &b, failures) >= Duration::from_secs(150));
+            assert!(retry_wait(&denied, &b, failures) <= Duration::from_secs(300));
+        }
+        assert!(retry_wait(&failed, &b, 1) <= Duration::from_secs(1));
     }
 }

@@ -275,7 +275,8 @@ impl ServingCert {
                         }
                         Err(e) => {
                             failures += 1;
-                            let wait = self.backoff.jittered(failures);
+                            // A denial waits the longest backoff: a decision, not a fault.
+                            let wait = request::retry_wait(&e, &self.backoff, failures);
                             if e.is_offline() {
                                 tracing::info!(error = %e, retry_in = ?wait, "serving certificate round: apiserver unreachable");
                             } else {

@@ -53,6 +53,20 @@ pub struct BootstrapView {
     pub state: &'static str,
 }
 
+/// The last CSR an approver denied (a decision, not a fault: the next round waits the
+/// longest backoff). Cleared when a certificate is issued.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LastDenial {
+    /// The CSR's name.
+    pub csr: String,
+    /// The Denied condition's reason and message (bounded).
+    pub reason: String,
+    pub message: String,
+    /// When (RFC 3339): the condition's time, else when the device saw it.
+    pub at: String,
+}
+
 /// What `/v1/status` shows as `identity`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -64,6 +78,8 @@ pub struct IdentityStatus {
     /// waits for time.
     pub waiting_for_clock: bool,
     pub lapsed: Vec<Lapse>,
+    /// The last denied CSR since the last certificate was issued; `null` when none.
+    pub last_denial: Option<LastDenial>,
 }
 
 impl IdentityStatus {
@@ -78,6 +94,7 @@ impl IdentityStatus {
             },
             waiting_for_clock: false,
             lapsed: Vec::new(),
+            last_denial: None,
         }
     }
 
@@ -117,6 +134,8 @@ pub struct Inputs<'a> {
     pub bootstrap: &'a BootstrapSeen,
     /// `handedOver`, `kubeconfig` or `none`: where the next round's first candidate is.
     pub bootstrap_source: &'static str,
+    /// The last CSR an approver denied since a certificate was last issued.
+    pub last_denial: Option<&'a LastDenial>,
 }
 
 fn rfc3339(unix: i64) -> String {
@@ -183,6 +202,7 @@ pub fn compute(i: &Inputs<'_>) -> IdentityStatus {
         },
         waiting_for_clock: i.cert.is_some_and(|c| i.now < c.not_before),
         lapsed,
+        last_denial: i.last_denial.cloned(),
     }
 }
 
@@ -207,6 +227,7 @@ mod tests {
             cert_refused_since: Some(4_000),
             bootstrap: &BootstrapSeen::Refused { since: 4_500 },
             bootstrap_source: "kubeconfig",
+            last_denial: None,
         });
         assert_eq!(s.in_use, InUse::NodeCertificate);
         assert!(s.needs_bootstrap());
@@ -230,6 +251,7 @@ mod tests {
             cert_refused_since: None,
             bootstrap: &BootstrapSeen::Unused,
             bootstrap_source: "kubeconfig",
+            last_denial: None,
         });
         assert!(s.lapsed.is_empty());
         assert!(!s.needs_bootstrap());
@@ -249,6 +271,7 @@ mod tests {
             cert_refused_since: None,
             bootstrap: &BootstrapSeen::Unused,
             bootstrap_source: "kubeconfig",
+            last_denial: None,
         });
         assert!(s.waiting_for_clock);
         assert!(s.lapsed.is_empty());
@@ -266,6 +289,7 @@ mod tests {
                 what: "tokenFile /x".into(),
             },
             bootstrap_source: "none",
+            last_denial: None,
         });
         assert_eq!(s.lapsed[0].reason, "refused by the apiserver (401)");
         assert_eq!(s.lapsed[1].reason, "missing: tokenFile /x");
@@ -276,8 +300,44 @@ mod tests {
             cert_refused_since: None,
             bootstrap: &BootstrapSeen::Unused,
             bootstrap_source: "kubeconfig",
+            last_denial: None,
         });
         assert_eq!(none.in_use, InUse::None);
         assert!(none.needs_bootstrap());
+        assert_eq!(none.last_denial, None);
+    }
+
+    #[test]
+    fn a_denial_is_shown_as_it_was_seen() {
+        let d = LastDenial {
+            csr: "node-csr-bk44f".into(),
+            reason: "NodeNameMismatch".into(),
+            message: "the CSR asks for node \"edge-2\", the factory certificate names \"edge-1\""
+                .into(),
+            at: "2026-12-02T01:18:28Z".into(),
+        };
+        let s = compute(&Inputs {
+            now: 5,
+            cert: None,
+            cert_refused_since: None,
+            bootstrap: &BootstrapSeen::Usable,
+            bootstrap_source: "kubeconfig",
+            last_denial: Some(&d),
+        });
+        assert_eq!(s.last_denial.as_ref(), Some(&d));
+        // A denial is not a lapse: the bootstrap credential works, the approver said no.
+        assert!(s.lapsed.is_empty());
+        let v = serde_json::to_value(&s).unwrap();
+        assert_eq!(v["lastDenial"]["csr"], "node-csr-bk44f");
+        assert_eq!(v["lastDenial"]["at"], "2026-12-02T01:18:28Z");
+        let none = compute(&Inputs {
+            now: 5,
+            cert: None,
+            cert_refused_since: None,
+            bootstrap: &BootstrapSeen::Usable,
+            bootstrap_source: "kubeconfig",
+            last_denial: None,
+        });
+        assert!(serde_json::to_value(&none).unwrap()["lastDenial"].is_null());
     }
 }

@@ -167,6 +167,16 @@ fn identity_text(id: &Value, out: &mut String) {
             s(&l["since"])
         ));
     }
+    let d = &id["lastDenial"];
+    if d.is_object() {
+        out.push_str(&format!(
+            "denied: CSR {} at {}: {}: {} (asks again after the longest backoff, about 5 minutes)\n",
+            s(&d["csr"]),
+            s(&d["at"]),
+            s(&d["reason"]),
+            s(&d["message"])
+        ));
+    }
     let lapsed = id["lapsed"].as_array().map_or(0, Vec::len);
     if lapsed > 1 || (lapsed > 0 && id["inUse"] == "none") {
         out.push_str("        hand over a bootstrap token: edgehub bootstrap --token-file FILE\n");

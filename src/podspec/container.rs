@@ -4,7 +4,6 @@
 use super::env::{env_from, env_value};
 use super::probe::probe;
 use super::resources::resources;
-use super::volumes::pod_ns;
 use super::*;
 
 pub(super) fn container(

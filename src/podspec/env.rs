@@ -1,7 +1,6 @@
 //! A container's environment: `env` with its `valueFrom` references (ConfigMap and Secret
 //! keys, the downward API, resource fields) and `envFrom`.
 
-use super::volumes::{missing_object, pod_ns};
 use super::*;
 
 /// A `resourceFieldRef` value: the container's limit or request, divided (rounded up, as

@@ -163,10 +163,6 @@ pub(super) fn volumes(
     Ok(out)
 }
 
-pub(super) fn pod_ns(pod: &Value) -> String {
-    s(pod, "/metadata/namespace").to_string()
-}
-
 /// A file mode from the API (decimal JSON number, such as 420 for 0644).
 pub(super) fn file_mode(v: &Value, field: &str) -> Result<u32, Unsupported> {
     v.as_u64()
@@ -189,23 +185,6 @@ pub(super) fn checked_path(p: &str, field: &str) -> Result<String, Unsupported> 
         ));
     }
     Ok(p.to_string())
-}
-
-pub(super) fn missing_object(kind: &str, ns: &str, name: &str, not_found: bool) -> Missing {
-    let (reason, what) = if kind == "secrets" {
-        ("SecretUnavailable", "secret")
-    } else {
-        ("ConfigMapUnavailable", "configmap")
-    };
-    Missing {
-        reason,
-        known_absent: not_found,
-        message: if not_found {
-            format!("{what} \"{ns}/{name}\" not found")
-        } else {
-            format!("{what} \"{ns}/{name}\" is not cached yet: edgehub has not fetched it from the apiserver since the pod arrived")
-        },
-    }
 }
 
 /// The files of a `configMap` or `secret` volume (or projected source): every key, or the

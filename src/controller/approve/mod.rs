@@ -6,13 +6,17 @@
 //!
 //! The split: [`decide`] is pure ((CSR, fleet CA, now) → approve, deny or not ours); `watch`
 //! is the I/O (one watch of the signer's CSRs, the fleet CA from a ConfigMap or Secret, the
-//! `/approval` writes).
+//! `/approval` writes). An attestation is good for one bootstrap: before approving, the
+//! controller records the CSR's key for the node in the cluster and denies a key recorded
+//! for another CSR ([`replay`] decides, `replay_store` reads and writes the record).
 //!
 //! Not ours, left alone: CSRs already Approved, Denied or Failed; renewals (the requestor is
 //! `system:node:<name>`: the built-in selfnodeclient approver's), and anything else not from
 //! a bootstrap token (`system:bootstrap:<id>` or group `system:bootstrappers`).
 
 mod csr_loop;
+pub mod replay;
+mod replay_store;
 mod request;
 pub mod serving;
 mod serving_watch;
@@ -56,10 +60,13 @@ pub struct CsrView<'a> {
 pub enum Verdict {
     /// Not this approver's to decide; why, for the log.
     Skip(&'static str),
+    /// Approve, once the key is recorded as used ([`replay`]).
     Approve {
         node: String,
         /// The factory certificate's serial, for the condition's message and the log.
         serial: String,
+        /// The CSR key's [`replay::key_fingerprint`].
+        key: String,
     },
     Deny {
         reason: &'static str,
@@ -76,9 +83,9 @@ impl Verdict {
     }
 
     /// The condition's message for an approval.
-    pub fn approval_message(node: &str, serial: &str) -> String {
+    pub fn approval_message(node: &str, serial: &str, key: &str) -> String {
         format!(
-            "edgehub controller: the factory certificate (serial {serial}) chains to the fleet CA, names node {node} and signed this CSR's key"
+            "edgehub controller: the factory certificate (serial {serial}) chains to the fleet CA, names node {node} and signed this CSR's key ({key}), used for the first time"
         )
     }
 }
@@ -154,6 +161,7 @@ pub fn decide(csr: &CsrView<'_>, ca: &FleetCa, now_unix_secs: u64) -> Verdict {
         Ok(v) => Verdict::Approve {
             node: v.node_name,
             serial: v.serial,
+            key: replay::key_fingerprint(&req.spki_der),
         },
         Err(d) => Verdict::deny(d.reason(), d.to_string()),
     }

@@ -88,9 +88,13 @@ fn an_attested_bootstrap_csr_is_approved_for_its_node() {
     let d = device(&fleet, "edge-1");
     let c = Case::bootstrap(&d, "edge-1");
     match decide(&c.view(), &fleet_ca(&fleet), NOW) {
-        Verdict::Approve { node, serial } => {
+        Verdict::Approve { node, serial, key } => {
             assert_eq!(node, "edge-1");
-            assert!(Verdict::approval_message(&node, &serial).contains(&serial));
+            // The key the record keeps is this CSR's.
+            let spki = NodeRequest::parse(c.request.as_bytes()).unwrap().spki_der;
+            assert_eq!(key, replay::key_fingerprint(&spki));
+            let m = Verdict::approval_message(&node, &serial, &key);
+            assert!(m.contains(&serial) && m.contains(&key), "{m}");
         }
         v => panic!("{v:?}"),
     }
@@ -497,5 +501,41 @@ mod serving_csrs {
         ));
         v.decided = false;
         assert!(matches!(decide_serving(&v, None), ServingVerdict::Wait(_)));
+    }
+}
+
+/// The fuzz target attest_csr's seeds (fleet CA, annotation, request, record entry, CSR
+/// object, NUL-separated) are what they say: the fuzzer starts from an approvable CSR and
+/// from denials past the parsers, not from inputs every parser refuses.
+#[test]
+fn the_fuzz_seeds_reach_the_decision() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/corpus/attest_csr");
+    let now = 1_796_169_600; // the target's NOW
+    for (seed, want) in [
+        ("approve_p256", None),
+        ("intermediate_p384", None),
+        ("ed25519", None),
+        ("name_mismatch", Some("NodeNameMismatch")),
+        ("two_names", Some("FactoryCertificateNamesNoNode")),
+    ] {
+        let data = std::fs::read(format!("{dir}/{seed}")).unwrap();
+        let parts: Vec<&[u8]> = data.splitn(5, |b| *b == 0).collect();
+        assert_eq!(parts.len(), 5, "{seed}");
+        let ca = attest::FleetCa::from_pem(parts[0]).unwrap();
+        let annotation = std::str::from_utf8(parts[1]).unwrap();
+        let c = Case {
+            signer: SIGNER.into(),
+            username: "system:bootstrap:edge01".into(),
+            groups: strings(&["system:bootstrappers"]),
+            usages: strings(&["digital signature", "client auth"]),
+            decided: false,
+            attestation: Some(annotation.into()),
+            request: std::str::from_utf8(parts[2]).unwrap().into(),
+        };
+        match (decide(&c.view(), &ca, now), want) {
+            (Verdict::Approve { .. }, None) => {}
+            (Verdict::Deny { reason, .. }, Some(w)) if reason == w => {}
+            (v, _) => panic!("{seed}: {v:?}"),
+        }
     }
 }

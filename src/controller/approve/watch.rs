@@ -4,6 +4,7 @@
 //! condition written through the `/approval` subresource as `kubectl certificate` does.
 
 use super::csr_loop::{self, CsrHandler, Outcome};
+use super::replay_store::{Claim, For, Records};
 use super::{decide, ours, CsrView, Verdict, APPROVED_REASON, SIGNER};
 use crate::attest::{self, FleetCa};
 use crate::controller::metrics::{inc, Metrics};
@@ -170,6 +171,8 @@ struct Approver {
     client: Client,
     api: Api<CertificateSigningRequest>,
     ca: CaCache,
+    /// The attested keys, per node: each is approved once.
+    records: Records,
     metrics: Arc<Metrics>,
 }
 
@@ -191,10 +194,31 @@ impl Approver {
         let now = u64::try_from(crate::time::now_ms() / 1000).unwrap_or(0);
         let (type_, reason, message) = match decide(&view(csr), &ca, now) {
             Verdict::Skip(_) => return Outcome::Done,
-            Verdict::Approve { node, serial } => {
-                tracing::info!(csr = %name, node = %node, factory_serial = %serial, "approving an attested node certificate");
-                let message = Verdict::approval_message(&node, &serial);
-                ("Approved", APPROVED_REASON.to_string(), message)
+            Verdict::Approve { node, serial, key } => {
+                let uid = csr.metadata.uid.as_deref().unwrap_or("");
+                let claim = For {
+                    node: &node,
+                    fingerprint: &key,
+                    csr: &name,
+                    uid,
+                    factory_serial: &serial,
+                };
+                match self.records.claim(&claim).await {
+                    Ok(Claim::Claimed) => {
+                        tracing::info!(csr = %name, node = %node, factory_serial = %serial, key = %key, "approving an attested node certificate");
+                        let message = Verdict::approval_message(&node, &serial, &key);
+                        ("Approved", APPROVED_REASON.to_string(), message)
+                    }
+                    Ok(Claim::Refused { reason, message }) => {
+                        tracing::warn!(csr = %name, node = %node, factory_serial = %serial, key = %key, reason, %message, "denying a replayed attestation");
+                        ("Denied", reason.to_string(), message)
+                    }
+                    Err(e) => {
+                        inc(&self.metrics.csr_errors);
+                        tracing::warn!(csr = %name, error = %e, "cannot record the attested key: the CSR stays pending");
+                        return Outcome::Retry;
+                    }
+                }
             }
             Verdict::Deny { reason, message } => {
                 tracing::warn!(csr = %name, requestor = csr.spec.username.as_deref().unwrap_or(""), reason, %message, "denying a node certificate");
@@ -255,12 +279,14 @@ impl CsrHandler for Approver {
 pub(in crate::controller) async fn run(
     client: Client,
     source: CaSource,
+    record_namespace: String,
     metrics: Arc<Metrics>,
     mut stop: watch::Receiver<bool>,
 ) {
     let api = Api::<CertificateSigningRequest>::all(client.clone());
-    tracing::info!(fleet_ca = %source, signer = SIGNER, "approving attested node certificates");
+    tracing::info!(fleet_ca = %source, signer = SIGNER, record_namespace, "approving attested node certificates");
     let mut approver = Approver {
+        records: Records::new(client.clone(), &record_namespace),
         client,
         api: api.clone(),
         ca: CaCache { source, held: None },

@@ -36,6 +36,7 @@ mod http;
 mod objects;
 mod read;
 mod selector;
+mod validate;
 mod watches;
 mod write;
 use authz::*;

@@ -32,6 +32,9 @@ pub(super) fn create(
             None,
         );
     }
+    if let Some(invalid) = validate_object(rt, &obj) {
+        return invalid;
+    }
     let key = key_of(rt, &obj);
     let mut db = lock(&state.db);
     if db.objects.contains_key(&key) {
@@ -211,6 +214,14 @@ pub(super) fn token_request(
     json_response(201, &out)
 }
 
+/// The apiserver's validation of what a create or update would store.
+fn validate_object(rt: &ResourceType, obj: &Value) -> Option<Response<Body>> {
+    match rt.plural {
+        "configmaps" => super::validate::configmap(obj),
+        _ => None,
+    }
+}
+
 pub(super) fn update(
     state: &Arc<State>,
     rt: &'static ResourceType,
@@ -228,6 +239,24 @@ pub(super) fn update(
         namespace.unwrap_or("").to_string(),
         name.to_string(),
     );
+    // The apiserver's check on an update: the body names the object the URL names.
+    let named = obj
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    if named != name {
+        return status(
+            400,
+            "BadRequest",
+            &format!(
+                "the name of the object ({named}) does not match the name on the URL ({name})"
+            ),
+            None,
+        );
+    }
+    if let Some(invalid) = validate_object(rt, &obj) {
+        return invalid;
+    }
     let mut db = lock(&state.db);
     let Some(cur) = db.objects.get(&key).cloned() else {
         return not_found(rt, name);
