@@ -28,6 +28,7 @@ fn api_state(h: &Harness) -> ApiState {
         sync_stats: h.sync().stats.clone(),
         metrics: Default::default(),
         token: None,
+        socket: Default::default(),
         node_name: "edge-1".into(),
         cri: ready_runtime(),
         runtime: None,
@@ -921,16 +922,25 @@ fn the_openapi_document_matches_the_router() {
                 .keys()
                 .map(|k| k.as_str().unwrap().parse().unwrap())
                 .collect();
+            let access = op["x-edgehub-access"].as_str().unwrap_or("(none)");
             documented.insert((
                 path.as_str().unwrap().to_string(),
                 method.to_uppercase(),
+                access.to_string(),
                 codes,
             ));
         }
     }
     let routed: std::collections::BTreeSet<_> = api::router::ROUTES
         .iter()
-        .map(|(p, m, c)| (p.to_string(), m.to_string(), c.iter().copied().collect()))
+        .map(|(p, m, a, c)| {
+            (
+                p.to_string(),
+                m.to_string(),
+                a.as_str().to_string(),
+                c.iter().copied().collect(),
+            )
+        })
         .collect();
     assert_eq!(documented, routed);
 }
