@@ -4,6 +4,8 @@
 #[path = "common/archive.rs"]
 mod archive;
 mod common;
+#[path = "common/edge.rs"]
+mod edge;
 
 use common::{wait_until, Harness};
 use edgehub::api::{self, listen, ApiState, Listener};
@@ -1589,5 +1591,130 @@ async fn privileged_routes_answer_only_the_token_root_or_the_group_on_the_socket
         .unwrap();
     assert_eq!(a.status, 202, "{}", a.body);
     drop(status_tx);
+    h.stop().await;
+}
+
+/// The store's files as written: the database and its WAL, each with its length, its mtime
+/// (any write(2) moves it) and its bytes.
+fn store_files(data: &std::path::Path) -> Vec<(String, u64, std::time::SystemTime, Vec<u8>)> {
+    ["edgehub.db", "edgehub.db-wal"]
+        .iter()
+        .map(|f| {
+            let p = data.join(f);
+            let m = std::fs::metadata(&p).unwrap();
+            (
+                f.to_string(),
+                m.len(),
+                m.modified().unwrap(),
+                std::fs::read(&p).unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn assert_unwritten(
+    before: &[(String, u64, std::time::SystemTime, Vec<u8>)],
+    after: &[(String, u64, std::time::SystemTime, Vec<u8>)],
+    what: &str,
+) {
+    for (b, a) in before.iter().zip(after) {
+        let changed = b.3.iter().zip(&a.3).filter(|(x, y)| x != y).count();
+        assert!(
+            b.1 == a.1 && b.2 == a.2 && b.3 == a.3,
+            "{what} wrote to {}: length {} -> {}, mtime {:?} -> {:?}, {} bytes differ",
+            b.0,
+            b.1,
+            a.1,
+            b.2,
+            a.2,
+            changed + b.3.len().abs_diff(a.3.len())
+        );
+    }
+}
+
+/// Issue 31, item 3: 300 identical `POST .../imagepull` wrote 11 MB to flash, 37 KB each:
+/// every repeat of a pre-pull that had ended Done reopened its row (Requested, its log rows
+/// deleted) and the engine closed it again (Done, a log row, the history pruned), two
+/// synchronous transactions of WAL frames that a checkpoint then copied into the database,
+/// to pull images that were already on the node. A request that changes nothing writes
+/// nothing: the repeats are answered as the first was, and the store's files are untouched.
+/// A real edgehub, the real containerd, the local registry; the apiserver link cut so that
+/// nothing else is written meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identical_imagepulls_after_one_is_done_write_nothing() {
+    let mut n = edge::node("pullrepeat").await;
+    n.rolled_and_offline().await;
+    let path = "/openyurt.io/v1/namespaces/vehicle/pods/telemetry-sv74m/imagepull";
+    let want = "Image pre-pull requested for pod vehicle/telemetry-sv74m";
+    // The engine may have asked for a pre-pull of the new revision itself while online: the
+    // first ask is answered 200 once that one is over.
+    n.wait_for(60, "the first pre-pull is accepted", |n| async move {
+        n.http("POST", path) == (200, want.to_string())
+    })
+    .await;
+    n.wait_for(60, "the pre-pull is done", |n| async move {
+        let (code, body) = n.http("GET", "/v1/status");
+        let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+        code == 200
+            && v["activeRequests"]
+                .as_array()
+                .is_some_and(|a| a.iter().all(|r| r["kind"] != "imagepull"))
+    })
+    .await;
+    // Whatever the pull and the link's going down still had to write, written.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let data = n.dir.path().join("data");
+    let before = store_files(&data);
+    // As an OTA manager polling: one ask every 250 ms.
+    let mut answers = Vec::new();
+    for _ in 0..20 {
+        answers.push(n.http("POST", path));
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // Time for the engine to have picked up a request, had one been recorded.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_unwritten(&before, &store_files(&data), "20 identical imagepulls");
+    for a in answers {
+        assert_eq!(
+            a,
+            (200, want.to_string()),
+            "each is answered as the first was"
+        );
+    }
+    assert!(
+        !n.log().contains("request recorded"),
+        "a repeat was recorded:\n{}",
+        n.log()
+    );
+    n.clean().await;
+}
+
+/// Issue 31, item 3: an upgrade asked for again while one is in progress is a 409, and the
+/// 409 writes nothing.
+#[tokio::test]
+async fn an_upgrade_asked_again_while_one_is_in_progress_writes_nothing() {
+    let mut h = Harness::new().await;
+    roll_telemetry(&h);
+    h.start();
+    h.wait_converged().await;
+    let api = start_api(&h, None).await;
+    h.server.set_offline(true).await.unwrap();
+    let mut link = h.sync().link.clone();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        link.wait_for(|s| matches!(s, edgehub::link::LinkState::Offline { .. })),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let path = "/openyurt.io/v1/namespaces/vehicle/pods/telemetry-sv74m/upgrade";
+    assert_eq!(call(api.addr, "POST", path).await.status, 200);
+    let data = h.config.data_dir.clone();
+    let before = store_files(&data);
+    for _ in 0..50 {
+        let a = call(api.addr, "POST", path).await;
+        assert_eq!(a.status, 409, "{}", a.body);
+    }
+    assert_unwritten(&before, &store_files(&data), "50 upgrades refused with 409");
     h.stop().await;
 }
