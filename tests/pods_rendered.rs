@@ -32,6 +32,7 @@ async fn start_api(h: &Harness) -> (SocketAddr, Arc<ApiState>, tokio::sync::watc
         sync_stats: h.sync().stats.clone(),
         metrics: Default::default(),
         token: None,
+        socket: Default::default(),
         node_name: "edge-1".into(),
         cri: tokio::sync::watch::channel(edgehub::cri::CriHealth::Ready {
             version: "containerd://1.6.20".into(),

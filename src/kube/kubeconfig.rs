@@ -117,10 +117,34 @@ struct User {
 /// System CA bundle used only when the kubeconfig names no CA.
 const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
+/// Largest kubeconfig, and largest file it names (a CA bundle, a certificate, a key), read.
+/// Debian's whole system CA bundle is about 220 KB; a path that names `/dev/zero` or a
+/// growing log must not take the agent's memory.
+pub const MAX_FILE: u64 = 4 << 20;
+
+/// Reads at most [`MAX_FILE`] bytes of `path`; a longer file is an error naming the limit.
+pub fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    std::fs::File::open(path)?
+        .take(MAX_FILE + 1)
+        .read_to_end(&mut out)?;
+    if out.len() as u64 > MAX_FILE {
+        return Err(std::io::Error::other(format!(
+            "larger than {} MiB, too large for a kubeconfig or a file it names",
+            MAX_FILE >> 20
+        )));
+    }
+    Ok(out)
+}
+
 impl Kubeconfig {
     pub fn load(path: &Path) -> Result<Kubeconfig, KubeconfigError> {
-        let text = match std::fs::read_to_string(path) {
-            Ok(t) => t,
+        let text = match read_bounded(path) {
+            Ok(t) => String::from_utf8(t).map_err(|_| KubeconfigError::Parse {
+                path: path.to_path_buf(),
+                message: "not UTF-8 text".into(),
+            })?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(KubeconfigError::Missing {
                     path: path.to_path_buf(),
@@ -139,6 +163,18 @@ impl Kubeconfig {
 
     /// Parses kubeconfig text; relative file paths in it are relative to `base`.
     pub fn parse(text: &str, path: &Path, base: &Path) -> Result<Kubeconfig, KubeconfigError> {
+        Kubeconfig::parse_reading(text, path, base, &read_bounded)
+    }
+
+    /// [`Kubeconfig::parse`], with `read` for the files the kubeconfig names (the fuzz target
+    /// gives one that reads no file).
+    pub fn parse_reading(
+        text: &str,
+        path: &Path,
+        base: &Path,
+        read: &dyn Fn(&Path) -> std::io::Result<Vec<u8>>,
+    ) -> Result<Kubeconfig, KubeconfigError> {
+        let read_file = read;
         let invalid = |reason: String| KubeconfigError::Invalid {
             path: path.to_path_buf(),
             reason,
@@ -203,7 +239,7 @@ impl Kubeconfig {
             } else {
                 base.join(p)
             };
-            std::fs::read(&full).map_err(|source| KubeconfigError::Read { path: full, source })
+            read_file(&full).map_err(|source| KubeconfigError::Read { path: full, source })
         };
         let b64 = |field: &str, data: &str| -> Result<Vec<u8>, KubeconfigError> {
             base64::engine::general_purpose::STANDARD
@@ -214,7 +250,7 @@ impl Kubeconfig {
         let ca_pem = match (&cluster.certificate_authority_data, &cluster.certificate_authority) {
             (Some(d), _) => b64("certificate-authority-data", d)?,
             (None, Some(p)) => read(p)?,
-            (None, None) => std::fs::read(SYSTEM_CA_BUNDLE).map_err(|_| {
+            (None, None) => read_file(Path::new(SYSTEM_CA_BUNDLE)).map_err(|_| {
                 invalid("the cluster has no certificate-authority(-data) and there is no system CA bundle".into())
             })?,
         };
@@ -371,6 +407,26 @@ mod tests {
             e.contains("certificate-authority-data is not valid base64"),
             "{e}"
         );
+    }
+
+    /// A kubeconfig naming a file that never ends (`/dev/zero`) read it until memory ran
+    /// out; now the read stops at the limit and says so.
+    #[test]
+    fn a_named_file_is_read_to_a_limit() {
+        let e = parse(&kc(
+            "    certificate-authority: /dev/zero\n",
+            "    token: a\n",
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("/dev/zero") && e.contains("larger than 4 MiB"),
+            "{e}"
+        );
+        let e = Kubeconfig::load(Path::new("/dev/zero"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("larger than 4 MiB"), "{e}");
     }
 
     #[test]
