@@ -11,8 +11,9 @@
 //!   ([`reviews`]). Neither: 401.
 //! - **Authorization** of every request by SubjectAccessReviews for the `nodes`
 //!   subresource the kubelet would check ([`authz`]). Denied: 403.
-//! - **Routes:** `/healthz`, `/containerLogs/{ns}/{pod}/{container}` ([`logs`]),
-//!   `/metrics/resource` and `/stats/summary` from the CRI's container stats ([`stats`]),
+//! - **Routes** ([`route`]): `/healthz`, `/containerLogs/{ns}/{pod}/{container}` ([`logs`]),
+//!   `/metrics/resource` and `/stats/summary` from the CRI's container stats ([`stats`]; the
+//!   summary's shape in [`summary`], its disks and networks sampled in [`sampling`]),
 //!   `/exec`, `/attach` and `/portForward` proxied to the runtime's streaming server
 //!   ([`streams`]); anything else 404, as the kubelet answers.
 //! - **Limits:** connections and streams (logs, exec, attach, port-forward) are bounded; a
@@ -22,9 +23,12 @@
 pub mod authz;
 pub mod logs;
 pub mod reviews;
+pub mod route;
+pub mod sampling;
 pub mod splice;
 pub mod stats;
 pub mod streams;
+pub mod summary;
 pub mod usage;
 
 use crate::identity::serving::{ServingPair, ServingWatch};
@@ -397,27 +401,20 @@ impl KubeletApi {
             return text(403, authz::forbidden_text(&user.name, verb, &subs));
         }
         tracing::debug!(user = %user.name, verb, path = %path, "node API request");
-        let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-        if let ("GET" | "POST", Some(target)) =
-            (method.as_str(), streams::Target::from_segments(&segs))
-        {
-            return self.stream(target, &user.name, req).await;
-        }
-        self.route(&method, &path, query.as_deref()).await
-    }
-
-    async fn route(&self, method: &str, path: &str, query: Option<&str>) -> Response<Body> {
-        let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-        match (method, segs.as_slice()) {
-            ("GET", ["healthz"]) => text(200, "ok"),
-            ("GET", ["metrics", "resource"]) => self.stats(true).await,
-            ("GET", ["stats", "summary"]) => self.stats(false).await,
-            ("GET", ["containerLogs", ns, pod, container])
-                if !ns.is_empty() && !pod.is_empty() && !container.is_empty() =>
-            {
-                self.container_logs(ns, pod, container, query).await
+        match route::parse(&method, &path) {
+            route::Route::Stream(target) => self.stream(target, &user.name, req).await,
+            route::Route::Healthz => text(200, "ok"),
+            route::Route::MetricsResource => self.stats(true).await,
+            route::Route::StatsSummary => self.stats(false).await,
+            route::Route::ContainerLogs {
+                namespace,
+                pod,
+                container,
+            } => {
+                self.container_logs(namespace, pod, container, query.as_deref())
+                    .await
             }
-            _ => text(404, "404 page not found\n"),
+            route::Route::NotFound => text(404, "404 page not found\n"),
         }
     }
 
@@ -469,14 +466,14 @@ impl KubeletApi {
                 "Internal Error: the runtime's container stats are unavailable",
             )
         } else {
-            let extra = stats::sample_extra(
+            let extra = sampling::sample_extra(
                 self.cri.as_ref(),
                 &self.node_name,
                 &self.data_dir,
                 &containers,
             )
             .await;
-            let body = stats::summary(&self.node_name, node.as_ref(), &containers, &extra);
+            let body = summary::summary(&self.node_name, node.as_ref(), &containers, &extra);
             let mut r = text(200, body.to_string());
             r.headers_mut().insert(
                 hyper::header::CONTENT_TYPE,
