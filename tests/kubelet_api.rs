@@ -459,3 +459,114 @@ async fn streams_are_bounded_and_idle_follows_end() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(e.logs("?tailLines=1").await, (200, "four\n".into()));
 }
+
+/// A TLS connection with `token` on which `GET path` was sent and answered 200, and nothing
+/// more is read: a client stopped (`kubectl logs -f`, then Ctrl-Z) with its connection left
+/// open.
+async fn stalled_get(
+    addr: SocketAddr,
+    ca_pem: &str,
+    token: &str,
+    path: &str,
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    use tokio::io::AsyncWriteExt;
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap())
+        .unwrap();
+    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+        .connect(ServerName::try_from("127.0.0.1").unwrap().to_owned(), tcp)
+        .await
+        .unwrap();
+    tls.write_all(
+        format!("GET {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer {token}\r\n\r\n")
+            .as_bytes(),
+    )
+    .await
+    .unwrap();
+    tls.flush().await.unwrap();
+    // The answer's start, then nothing more.
+    use tokio::io::AsyncReadExt;
+    let mut head = [0u8; 12];
+    tokio::time::timeout(Duration::from_secs(10), tls.read_exact(&mut head))
+        .await
+        .expect("an answer")
+        .unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+    tls
+}
+
+/// Issue 31: a client that stops reading a log (`kubectl logs -f` on a chatty pod, then
+/// Ctrl-Z) held its stream slot and its connection for ever, and every later stream got
+/// 429. Once its writes have made no progress for the idle timeout (2 s here) both are given
+/// back: with one stream allowed, the next stream is served, and so with one connection.
+#[tokio::test]
+async fn a_client_that_stops_reading_gives_its_stream_and_connection_back() {
+    for max_connections in [32, 1] {
+        stalled_client_lets_go(max_connections).await;
+    }
+}
+
+async fn stalled_client_lets_go(max_connections: usize) {
+    let e = env(KubeletApiConfig {
+        max_streams: 1,
+        max_connections,
+        ..config()
+    })
+    .await;
+    // A log far larger than what the sockets between can buffer.
+    let stamp = rfc3339(now());
+    let line = format!("{stamp} stdout F {}\n", "x".repeat(100));
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(log_dir(&e.data).join("app_1.log"))
+        .unwrap();
+    f.write_all(line.repeat(300_000).as_bytes()).unwrap();
+    let stalled = stalled_get(
+        e.addr,
+        &e.s.pki.ca_pem,
+        ADMIN_TOKEN,
+        "/containerLogs/vehicle/web/app?follow=true",
+    )
+    .await;
+    const LOGS: &str = "/containerLogs/vehicle/web/app?limitBytes=4";
+    // The stalled follow holds its slots: the next is refused (the stream: 429; the
+    // connection: 503 or closed)...
+    let started = std::time::Instant::now();
+    loop {
+        let got = e.call(Cred::Token(ADMIN_TOKEN), "GET", LOGS).await;
+        if !matches!(got, Ok((200, _))) {
+            if max_connections > 1 {
+                assert_eq!(got.as_ref().ok().map(|r| r.0), Some(429), "{got:?}");
+            }
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the stalled follow never held its slot"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // ...until its writes have stalled for the idle timeout.
+    let got = loop {
+        let got = e.call(Cred::Token(ADMIN_TOKEN), "GET", LOGS).await;
+        if let Ok((200, body)) = &got {
+            break body.clone();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "max_connections {max_connections}: still refused while the stalled client holds its slots: {got:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert_eq!(got, "one\n");
+    drop(stalled);
+}

@@ -21,6 +21,7 @@
 //!   bytes either way all end after the idle timeout.
 
 pub mod authz;
+pub mod deadline;
 pub mod logs;
 pub mod reviews;
 pub mod route;
@@ -316,6 +317,8 @@ impl KubeletApi {
             let acceptor = acceptor.clone();
             tokio::spawn(async move {
                 let _permit = permit;
+                // A client that stops reading gives its connection back after the idle time.
+                let tcp = deadline::WriteDeadline::new(tcp, me.idle);
                 let tls = match tokio::time::timeout(me.idle, acceptor.accept(tcp)).await {
                     Ok(Ok(t)) => t,
                     Ok(Err(e)) => {
