@@ -570,3 +570,70 @@ async fn stalled_client_lets_go(max_connections: usize) {
     assert_eq!(got, "one\n");
     drop(stalled);
 }
+
+/// Issue 31: anyone who reaches 10250 could lock the node API: 40 TCP connections opened
+/// and left silent took every connection slot before TLS, for the handshake's whole
+/// deadline (the idle timeout, 300 s), and `kubectl logs` with the apiserver's own client
+/// certificate got no answer. 64 silent connections are held here (as `benches/hostile.rs`
+/// holds them), and the apiserver's request is served while they are, long before their
+/// handshake deadline would have freed them.
+#[tokio::test]
+async fn silent_connections_do_not_lock_the_apiserver_out() {
+    let e = env(KubeletApiConfig {
+        idle_timeout: Duration::from_secs(300),
+        // Longer than the request may take: only room made by closing silent connections
+        // lets it in, not their deadline.
+        handshake_timeout: Duration::from_secs(60),
+        ..config()
+    })
+    .await;
+    let held = edgehub_testsupport::hostile::silent_connections(e.addr, 64)
+        .await
+        .unwrap();
+    let got = tokio::time::timeout(
+        Duration::from_secs(20),
+        edgehub_testsupport::hostile::get_as_apiserver(
+            &e.s.pki,
+            e.addr,
+            "/containerLogs/vehicle/web/app?tailLines=1",
+            Duration::from_secs(10),
+        ),
+    )
+    .await
+    .expect("the apiserver's request is answered while the silent connections are held");
+    assert_eq!(got.unwrap(), (200, "four\n".to_string()));
+    // And again: a bearer token's request, on a new connection.
+    assert_eq!(e.logs("?tailLines=1").await, (200, "four\n".into()));
+    drop(held);
+}
+
+/// Issue 31: after a 401 or 403 the connection was kept alive, holding its slot for the
+/// next guess. It is closed, as the answer says.
+#[tokio::test]
+async fn refused_requests_close_their_connection() {
+    let e = env(config()).await;
+    for (cred, code) in [(Cred::Token("bogus"), 401), (Cred::Token(JANE), 403)] {
+        let mut send = connect(e.addr, &e.s.pki.ca_pem, &cred).await.unwrap();
+        let resp = send
+            .send_request(request(&cred, "GET", "/containerLogs/vehicle/web/app"))
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), code);
+        assert_eq!(
+            resp.headers().get("connection").map(|v| v.as_bytes()),
+            Some(&b"close"[..]),
+            "{code}"
+        );
+        let _ = resp.into_body().collect().await;
+        let again = tokio::time::timeout(Duration::from_secs(5), async {
+            send.ready().await?;
+            send.send_request(request(&cred, "GET", "/healthz")).await
+        })
+        .await
+        .expect("the closed connection is seen at once");
+        assert!(
+            again.is_err(),
+            "{code}: a second request on the same connection: {again:?}"
+        );
+    }
+}
