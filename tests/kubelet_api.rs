@@ -637,3 +637,96 @@ async fn refused_requests_close_their_connection() {
         );
     }
 }
+
+/// Issue 31: the SubjectAccessReview carried no `extra`, and decisions were cached by name
+/// and groups alone, so two tokens of one user (two pods' service-account tokens) shared
+/// one decision. As the kubelet's webhook authorizer, the review carries the user's `extra`
+/// (from the TokenReview; a client certificate's credential id) and the cache is keyed by
+/// it too.
+#[tokio::test]
+async fn access_reviews_carry_the_users_extra_and_are_cached_by_it() {
+    let e = env(config()).await;
+    const SA: &str = "system:serviceaccount:vehicle:reader";
+    let extra = |pod: &str| {
+        json!({"authentication.kubernetes.io/pod-name": [pod],
+               "authentication.kubernetes.io/credential-id": [format!("JTI=id-of-{pod}")]})
+    };
+    e.s.add_token_with_extra("sa-token-a", SA, extra("reader-a"));
+    e.s.add_token_with_extra("sa-token-b", SA, extra("reader-b"));
+    e.s.bind_kubelet_api_admin(SA);
+    for t in ["sa-token-a", "sa-token-b", "sa-token-a"] {
+        assert_eq!(
+            e.get(Cred::Token(t), "/containerLogs/vehicle/web/app?tailLines=1")
+                .await,
+            (200, "four\n".into()),
+            "{t}"
+        );
+    }
+    let reviews: Vec<serde_json::Value> =
+        e.s.access_reviews()
+            .into_iter()
+            .filter(|r| r["user"] == SA)
+            .collect();
+    // One review per token (the third request is the first's cached decision), each with
+    // its token's extra.
+    assert_eq!(reviews.len(), 2, "{reviews:#?}");
+    assert_eq!(reviews[0]["extra"], extra("reader-a"));
+    assert_eq!(reviews[1]["extra"], extra("reader-b"));
+    // A client certificate's user carries its credential id, as the kubelet's x509
+    // authenticator (and the apiserver's) sets it.
+    let c =
+        e.s.issue_client_cert(APISERVER_KUBELET_CLIENT, &["kubeadm:cluster-admins"])
+            .unwrap();
+    assert_eq!(
+        e.get(Cred::Cert(&c.cert_pem, &c.key_pem), "/healthz")
+            .await
+            .0,
+        200
+    );
+    let sha: String = ring::digest::digest(&ring::digest::SHA256, &c.der)
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let review =
+        e.s.access_reviews()
+            .into_iter()
+            .rfind(|r| r["user"] == APISERVER_KUBELET_CLIENT)
+            .expect("a review of the certificate's user");
+    assert_eq!(
+        review["extra"],
+        json!({"authentication.kubernetes.io/credential-id": [format!("X509SHA256={sha}")]})
+    );
+}
+
+/// Issue 31: the TokenReview cache emptied itself when it held 1024 tokens, so a flood of
+/// bogus tokens threw out the good ones' answers (and every cached token cost another
+/// review). Rejected tokens are kept apart, briefly and bounded: after 1100 bogus tokens
+/// the admin's token is still answered from the cache.
+#[tokio::test]
+async fn a_flood_of_bogus_tokens_keeps_the_good_ones_cached() {
+    let s = FakeApiServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kc = s
+        .write_kubeconfig(&dir.path().join("etc"), NODE_TOKEN)
+        .unwrap();
+    let client = ApiClient::new(&Kubeconfig::load(&kc).unwrap(), opts()).unwrap();
+    let reviewer = Reviewer::new(client, "edge-1", CacheTtl::default());
+    let reviews = || s.count(|r| r.path == "/apis/authentication.k8s.io/v1/tokenreviews");
+    let admin = reviewer.authenticate(ADMIN_TOKEN).await.unwrap().unwrap();
+    assert_eq!(admin.name, "admin");
+    for i in 0..1100 {
+        let who = reviewer.authenticate(&format!("bogus-{i}")).await.unwrap();
+        assert!(who.is_none());
+    }
+    assert_eq!(reviews(), 1101);
+    assert_eq!(
+        reviewer.authenticate(ADMIN_TOKEN).await.unwrap(),
+        Some(admin),
+        "the admin's cached answer"
+    );
+    assert_eq!(reviews(), 1101, "no new review of the admin's token");
+    // A bogus token just refused is refused from the cache.
+    assert!(reviewer.authenticate("bogus-1099").await.unwrap().is_none());
+    assert_eq!(reviews(), 1101);
+}

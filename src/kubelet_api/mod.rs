@@ -22,6 +22,7 @@
 
 pub mod admission;
 pub mod authz;
+pub mod cache;
 pub mod deadline;
 pub mod logs;
 pub mod reviews;
@@ -248,15 +249,23 @@ pub fn tls_config(
     Ok(cfg)
 }
 
-/// The user a verified client certificate names (CN, and O as groups).
+/// The user a verified client certificate names (CN, and O as groups), with its credential
+/// id (`X509SHA256=<hex of the certificate's SHA-256>`) in `extra`, as the kubelet's x509
+/// authenticator (and the apiserver's) sets it.
 fn cert_user(der: &[u8]) -> Option<User> {
     let (cn, orgs) = crate::identity::cert::subject_user(der).ok()?;
     let mut groups = orgs;
     groups.push("system:authenticated".into());
+    let sha = ring::digest::digest(&ring::digest::SHA256, der);
+    let hex: String = sha.as_ref().iter().map(|b| format!("{b:02x}")).collect();
     Some(User {
         name: cn.filter(|c| !c.is_empty())?,
         uid: None,
         groups,
+        extra: std::collections::BTreeMap::from([(
+            reviews::CREDENTIAL_ID.to_string(),
+            vec![format!("X509SHA256={hex}")],
+        )]),
     })
 }
 
