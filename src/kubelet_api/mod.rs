@@ -284,6 +284,8 @@ pub struct KubeletApi {
     handshake: Duration,
     streams: Arc<Semaphore>,
     idle: Duration,
+    /// `/stats/summary`'s emptyDir measures, reused for a while.
+    volumes: Arc<sampling::Volumes>,
 }
 
 impl KubeletApi {
@@ -309,6 +311,7 @@ impl KubeletApi {
             handshake: cfg.handshake_timeout,
             streams: Arc::new(Semaphore::new(cfg.max_streams.max(1))),
             idle: cfg.idle_timeout,
+            volumes: sampling::Volumes::new(),
         })
     }
 
@@ -552,6 +555,7 @@ impl KubeletApi {
                 &self.node_name,
                 &self.data_dir,
                 &containers,
+                &self.volumes,
             )
             .await;
             let body = summary::summary(&self.node_name, node.as_ref(), &containers, &extra);
