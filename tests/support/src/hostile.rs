@@ -20,17 +20,21 @@ pub async fn silent_connections(addr: SocketAddr, n: usize) -> std::io::Result<V
     Ok(held)
 }
 
-/// `GET path` on the node API at `addr` as kube-apiserver calls a kubelet: a new connection,
-/// TLS with the kubelet-client certificate `pki` issues (CN `kube-apiserver-kubelet-client`),
-/// no check of the serving certificate. The status and the whole body, the body within
-/// `body_within`.
-pub async fn get_as_apiserver(
-    pki: &TestPki,
+/// The client kube-apiserver calls a kubelet with: TLS with the kubelet-client certificate
+/// `pki` issues (CN `kube-apiserver-kubelet-client`), no check of the serving certificate.
+/// Made once; each request then costs what the apiserver's costs.
+pub fn apiserver_client(pki: &TestPki) -> anyhow::Result<KubeletClient> {
+    KubeletClient::new(pki)
+}
+
+/// `GET path` on the node API at `addr` with `client` on a new connection, as the apiserver
+/// asks: the status and the whole body, the body within `body_within`.
+pub async fn get(
+    client: &KubeletClient,
     addr: SocketAddr,
     path: &str,
     body_within: Duration,
 ) -> anyhow::Result<(u16, String)> {
-    let client = KubeletClient::new(pki)?;
     let to = KubeletAddr {
         host: addr.ip().to_string(),
         port: addr.port(),
@@ -48,4 +52,14 @@ pub async fn get_as_apiserver(
         .await??
         .to_bytes();
     Ok((code, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// [`get`] with a client made for this one request.
+pub async fn get_as_apiserver(
+    pki: &TestPki,
+    addr: SocketAddr,
+    path: &str,
+    body_within: Duration,
+) -> anyhow::Result<(u16, String)> {
+    get(&apiserver_client(pki)?, addr, path, body_within).await
 }
