@@ -16,9 +16,12 @@
 //!   summary's shape in [`summary`], its disks and networks sampled in [`sampling`]),
 //!   `/exec`, `/attach` and `/portForward` proxied to the runtime's streaming server
 //!   ([`streams`]); anything else 404, as the kubelet answers.
-//! - **Limits:** connections and streams (logs, exec, attach, port-forward) are bounded; a
-//!   handshake, a request's headers, a follow with nothing new and a spliced stream with no
-//!   bytes either way all end after the idle timeout.
+//! - **Limits:** connections not yet authorized and those admitted are bounded apart
+//!   ([`admission`]: silent connections never lock out an authorized caller), and so are
+//!   streams (logs, exec, attach, port-forward); a handshake has a short deadline; a
+//!   request's headers, a follow with nothing new, a spliced stream with no bytes either
+//!   way and a write the peer takes nothing of ([`deadline`]) all end after the idle
+//!   timeout; a refused request closes its connection.
 
 pub mod admission;
 pub mod authz;
