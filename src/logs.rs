@@ -388,36 +388,53 @@ pub struct Shape {
 }
 
 /// An RFC 3339 timestamp (`2026-11-30T23:12:43.713137255Z`, or with a `+hh:mm` offset) as
-/// unix nanoseconds; `None` when it is not one.
+/// unix nanoseconds; `None` when it is not one. Read byte by byte and as strictly as Go's
+/// `time.Parse(time.RFC3339, ...)` reads the kubelet's `sinceTime` (digits only, each field in
+/// its range, the day in its month; fractional digits past the ninth are dropped, as Go drops
+/// them): the text comes from callers of the node API, so no index may fall inside a
+/// character (issue 31: one did, and the panic aborted the agent).
 pub fn rfc3339_nanos(t: &str) -> Option<i128> {
     let b = t.as_bytes();
-    if !looks_like_rfc3339(t) || b.len() < 20 || b[16] != b':' {
+    let num = |r: std::ops::Range<usize>| -> Option<i64> {
+        let d = b.get(r)?;
+        d.iter().all(u8::is_ascii_digit).then(|| {
+            d.iter()
+                .fold(0i64, |n, c| n * 10 + i64::from(c.saturating_sub(b'0')))
+        })
+    };
+    if !looks_like_rfc3339(t) || b.get(16) != Some(&b':') {
         return None;
     }
-    let num = |r: std::ops::Range<usize>| -> Option<i64> { t.get(r)?.parse().ok() };
     let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
     let (h, mi, s) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    let mut rest = &t[19..];
+    if !(1..=12).contains(&mo) || d < 1 || d > days_in_month(y, mo) || h > 23 || mi > 59 || s > 59 {
+        return None;
+    }
+    let mut at = 19;
     let mut nanos: i64 = 0;
-    if let Some(frac) = rest.strip_prefix('.') {
-        let digits = frac.bytes().take_while(u8::is_ascii_digit).count();
+    if b.get(at) == Some(&b'.') {
+        let digits = b[at + 1..]
+            .iter()
+            .take_while(|c| c.is_ascii_digit())
+            .count();
         if digits == 0 {
             return None;
         }
-        let mut f: String = frac[..digits.min(9)].to_string();
-        while f.len() < 9 {
-            f.push('0');
+        for i in 0..9 {
+            let digit = if i < digits { b[at + 1 + i] - b'0' } else { 0 };
+            nanos = nanos * 10 + i64::from(digit);
         }
-        nanos = f.parse().ok()?;
-        rest = &frac[digits..];
+        at += 1 + digits;
     }
-    let offset: i64 = match rest {
-        "Z" | "z" => 0,
-        o if o.len() == 6 && (o.starts_with('+') || o.starts_with('-')) && &o[3..4] == ":" => {
-            let hh: i64 = o[1..3].parse().ok()?;
-            let mm: i64 = o[4..6].parse().ok()?;
+    let offset: i64 = match &b[at..] {
+        b"Z" | b"z" => 0,
+        [sign @ (b'+' | b'-'), _, _, b':', _, _] => {
+            let (hh, mm) = (num(at + 1..at + 3)?, num(at + 4..at + 6)?);
+            if hh > 23 || mm > 59 {
+                return None;
+            }
             let v = hh * 3600 + mm * 60;
-            if o.starts_with('-') {
+            if *sign == b'-' {
                 -v
             } else {
                 v
@@ -435,6 +452,17 @@ pub fn rfc3339_nanos(t: &str) -> Option<i128> {
     let days = era * 146_097 + doe - 719_468;
     let secs = days * 86_400 + h * 3600 + mi * 60 + s - offset;
     Some(secs as i128 * 1_000_000_000 + nanos as i128)
+}
+
+/// The days of month `mo` (1 to 12) of year `y`.
+fn days_in_month(y: i64, mo: i64) -> i64 {
+    let leap = y % 4 == 0 && (y % 100 != 0 || y % 400 == 0);
+    match mo {
+        2 if leap => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    }
 }
 
 impl Decoder {

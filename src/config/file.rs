@@ -116,6 +116,8 @@ pub(super) struct FileNode {
     pub(super) node_api_max_connections: Option<u64>,
     pub(super) node_api_max_streams: Option<u64>,
     pub(super) node_api_idle_timeout_secs: Option<u64>,
+    pub(super) node_api_max_unauthenticated_connections: Option<u64>,
+    pub(super) node_api_handshake_timeout_secs: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

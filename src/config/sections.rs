@@ -167,6 +167,18 @@ pub(super) fn node_api(n: &FileNode) -> Result<KubeletApiConfig, ConfigError> {
             n.node_api_max_connections,
             d.max_connections,
         )?,
+        max_unauthenticated: count(
+            "node.node_api_max_unauthenticated_connections",
+            n.node_api_max_unauthenticated_connections,
+            d.max_unauthenticated,
+        )?,
+        handshake_timeout: Duration::from_secs(between(
+            "node.node_api_handshake_timeout_secs",
+            n.node_api_handshake_timeout_secs,
+            d.handshake_timeout.as_secs(),
+            1,
+            300,
+        )?),
         max_streams: count(
             "node.node_api_max_streams",
             n.node_api_max_streams,

@@ -550,7 +550,25 @@ fn the_node_api_is_off_unless_an_address_is_given() {
     .unwrap();
     assert_eq!(c.node.kubelet_port, Some(11250));
     assert!(c.node_api.self_signed);
+    assert_eq!(c.node_api.handshake_timeout, Duration::from_secs(10));
+    assert_eq!(c.node_api.max_unauthenticated, 16);
+    let c = resolve(
+        Some("[node]\nnode_api_handshake_timeout_secs = 3\nnode_api_max_unauthenticated_connections = 4\n"),
+        &[],
+        &Overrides::default(),
+    )
+    .unwrap();
+    assert_eq!(c.node_api.handshake_timeout, Duration::from_secs(3));
+    assert_eq!(c.node_api.max_unauthenticated, 4);
     for (bad, field) in [
+        (
+            "node_api_handshake_timeout_secs = 0",
+            "node.node_api_handshake_timeout_secs",
+        ),
+        (
+            "node_api_max_unauthenticated_connections = 0",
+            "node.node_api_max_unauthenticated_connections",
+        ),
         ("node_api_addr = \"edge-1\"", "node.node_api_addr"),
         (
             "node_api_client_ca_file = \"ca.crt\"",

@@ -303,4 +303,12 @@ mod tests {
             assert!(LogQuery::parse(Some(bad)).is_err(), "{bad}");
         }
     }
+
+    /// Issue 31: the request that aborted edgehub (`sinceTime` with an `é` in its offset) is
+    /// a 400's error, as the kubelet answers it.
+    #[test]
+    fn a_since_time_with_a_character_in_its_offset_is_refused() {
+        let e = LogQuery::parse(Some("sinceTime=2026-01-01T00:00:00%2B00%C3%A90")).unwrap_err();
+        assert!(e.starts_with("sinceTime: "), "{e}");
+    }
 }

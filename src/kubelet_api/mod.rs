@@ -11,20 +11,30 @@
 //!   ([`reviews`]). Neither: 401.
 //! - **Authorization** of every request by SubjectAccessReviews for the `nodes`
 //!   subresource the kubelet would check ([`authz`]). Denied: 403.
-//! - **Routes:** `/healthz`, `/containerLogs/{ns}/{pod}/{container}` ([`logs`]),
-//!   `/metrics/resource` and `/stats/summary` from the CRI's container stats ([`stats`]),
+//! - **Routes** ([`route`]): `/healthz`, `/containerLogs/{ns}/{pod}/{container}` ([`logs`]),
+//!   `/metrics/resource` and `/stats/summary` from the CRI's container stats ([`stats`]; the
+//!   summary's shape in [`summary`], its disks and networks sampled in [`sampling`]),
 //!   `/exec`, `/attach` and `/portForward` proxied to the runtime's streaming server
 //!   ([`streams`]); anything else 404, as the kubelet answers.
-//! - **Limits:** connections and streams (logs, exec, attach, port-forward) are bounded; a
-//!   handshake, a request's headers, a follow with nothing new and a spliced stream with no
-//!   bytes either way all end after the idle timeout.
+//! - **Limits:** connections not yet authorized and those admitted are bounded apart
+//!   ([`admission`]: silent connections never lock out an authorized caller), and so are
+//!   streams (logs, exec, attach, port-forward); a handshake has a short deadline; a
+//!   request's headers, a follow with nothing new, a spliced stream with no bytes either
+//!   way and a write the peer takes nothing of ([`deadline`]) all end after the idle
+//!   timeout; a refused request closes its connection.
 
+pub mod admission;
 pub mod authz;
+pub mod cache;
+pub mod deadline;
 pub mod logs;
 pub mod reviews;
+pub mod route;
+pub mod sampling;
 pub mod splice;
 pub mod stats;
 pub mod streams;
+pub mod summary;
 pub mod usage;
 
 use crate::identity::serving::{ServingPair, ServingWatch};
@@ -58,7 +68,13 @@ pub struct KubeletApiConfig {
     pub client_ca_file: Option<PathBuf>,
     /// Serve a self-signed certificate instead of asking the cluster for one (loudly).
     pub self_signed: bool,
+    /// Connections at once whose requests were authenticated and authorized.
     pub max_connections: usize,
+    /// Connections at once not (yet) authenticated and authorized, from the accept on;
+    /// more close the oldest of the source holding the most ([`admission`]).
+    pub max_unauthenticated: usize,
+    /// How long a TLS handshake may take.
+    pub handshake_timeout: Duration,
     /// Streams at once: logs (follows included), exec, attach and port-forward sessions.
     pub max_streams: usize,
     pub idle_timeout: Duration,
@@ -71,6 +87,10 @@ impl Default for KubeletApiConfig {
             client_ca_file: None,
             self_signed: false,
             max_connections: 32,
+            max_unauthenticated: 16,
+            // The kubelet's Go server completes TLS in well under a second; 10 s leaves
+            // room for a slow link to the cloud.
+            handshake_timeout: Duration::from_secs(10),
             max_streams: 8,
             idle_timeout: Duration::from_secs(300),
         }
@@ -104,6 +124,16 @@ fn text(status: u16, body: impl Into<String>) -> Response<Body> {
     r.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
         hyper::header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+/// `r`, and the connection closed after it: a refused request's connection holds no place
+/// for the next guess.
+fn closing(mut r: Response<Body>) -> Response<Body> {
+    r.headers_mut().insert(
+        hyper::header::CONNECTION,
+        hyper::header::HeaderValue::from_static("close"),
     );
     r
 }
@@ -222,15 +252,23 @@ pub fn tls_config(
     Ok(cfg)
 }
 
-/// The user a verified client certificate names (CN, and O as groups).
+/// The user a verified client certificate names (CN, and O as groups), with its credential
+/// id (`X509SHA256=<hex of the certificate's SHA-256>`) in `extra`, as the kubelet's x509
+/// authenticator (and the apiserver's) sets it.
 fn cert_user(der: &[u8]) -> Option<User> {
     let (cn, orgs) = crate::identity::cert::subject_user(der).ok()?;
     let mut groups = orgs;
     groups.push("system:authenticated".into());
+    let sha = ring::digest::digest(&ring::digest::SHA256, der);
+    let hex: String = sha.as_ref().iter().map(|b| format!("{b:02x}")).collect();
     Some(User {
         name: cn.filter(|c| !c.is_empty())?,
         uid: None,
         groups,
+        extra: std::collections::BTreeMap::from([(
+            reviews::CREDENTIAL_ID.to_string(),
+            vec![format!("X509SHA256={hex}")],
+        )]),
     })
 }
 
@@ -243,9 +281,14 @@ pub struct KubeletApi {
     store: Arc<Store>,
     data_dir: PathBuf,
     tls: Arc<rustls::ServerConfig>,
+    /// Admitted connections ([`admission`]).
     connections: Arc<Semaphore>,
+    pending: Arc<admission::Pending>,
+    handshake: Duration,
     streams: Arc<Semaphore>,
     idle: Duration,
+    /// `/stats/summary`'s emptyDir measures, reused for a while.
+    volumes: Arc<sampling::Volumes>,
 }
 
 impl KubeletApi {
@@ -267,8 +310,11 @@ impl KubeletApi {
             data_dir: data_dir.to_path_buf(),
             tls: Arc::new(tls_config(serving, cfg.client_ca_file.as_deref())?),
             connections: Arc::new(Semaphore::new(cfg.max_connections.max(1))),
+            pending: admission::Pending::new(cfg.max_unauthenticated),
+            handshake: cfg.handshake_timeout,
             streams: Arc::new(Semaphore::new(cfg.max_streams.max(1))),
             idle: cfg.idle_timeout,
+            volumes: sampling::Volumes::new(),
         })
     }
 
@@ -287,9 +333,9 @@ impl KubeletApi {
     ) {
         let acceptor = tokio_rustls::TlsAcceptor::from(self.tls.clone());
         loop {
-            let tcp = tokio::select! {
+            let (tcp, peer) = tokio::select! {
                 r = listener.accept() => match r {
-                    Ok((tcp, _)) => tcp,
+                    Ok(accepted) => accepted,
                     Err(e) => {
                         tracing::warn!(error = %e, "node API: accept failed");
                         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -304,46 +350,73 @@ impl KubeletApi {
             if let Err(e) = tcp.set_nodelay(true) {
                 tracing::debug!(error = %e, "node API: cannot set TCP_NODELAY");
             }
-            let Ok(permit) = self.connections.clone().try_acquire_owned() else {
-                tracing::debug!("node API: connection limit reached; closing a new connection");
-                continue;
-            };
+            // Pending until a request on it is authorized; a full pending budget closes
+            // another pending connection, never this one.
+            let standing = Arc::new(admission::Standing::pending(
+                self.pending.enter(admission::Source::of(peer.ip())),
+            ));
             let me = self.clone();
             let acceptor = acceptor.clone();
             tokio::spawn(async move {
-                let _permit = permit;
-                let tls = match tokio::time::timeout(me.idle, acceptor.accept(tcp)).await {
-                    Ok(Ok(t)) => t,
-                    Ok(Err(e)) => {
-                        tracing::debug!(error = %e, "node API: TLS handshake failed");
-                        return;
+                tokio::select! {
+                    _ = standing.evicted() => {
+                        tracing::debug!(%peer, "node API: closing an unauthenticated connection to make room");
                     }
-                    Err(_) => return,
-                };
-                let cert = tls
-                    .get_ref()
-                    .1
-                    .peer_certificates()
-                    .and_then(|c| c.first())
-                    .and_then(|c| cert_user(c.as_ref()));
-                // Headers come within 30 s, or the idle timeout if shorter.
-                let headers_within = me.idle.min(Duration::from_secs(30));
-                let svc = hyper::service::service_fn(move |req| {
-                    let me = me.clone();
-                    let cert = cert.clone();
-                    async move { Ok::<_, Infallible>(me.handle(cert.as_ref(), req).await) }
-                });
-                let conn = hyper::server::conn::http1::Builder::new()
-                    .timer(hyper_util::rt::TokioTimer::new())
-                    .header_read_timeout(Some(headers_within))
-                    .serve_connection(hyper_util::rt::TokioIo::new(tls), svc)
-                    .with_upgrades();
-                let _ = conn.await;
+                    _ = me.connection(tcp, acceptor, standing.clone()) => {}
+                }
             });
         }
     }
 
-    async fn handle(&self, cert: Option<&User>, req: Request<Incoming>) -> Response<Body> {
+    /// One connection: the TLS handshake within its deadline, then its requests.
+    async fn connection(
+        self: Arc<Self>,
+        tcp: tokio::net::TcpStream,
+        acceptor: tokio_rustls::TlsAcceptor,
+        standing: Arc<admission::Standing>,
+    ) {
+        // A client that stops reading gives its connection back after the idle time.
+        let tcp = deadline::WriteDeadline::new(tcp, self.idle);
+        let tls = match tokio::time::timeout(self.handshake, acceptor.accept(tcp)).await {
+            Ok(Ok(t)) => t,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "node API: TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(timeout = ?self.handshake, "node API: TLS handshake too slow");
+                return;
+            }
+        };
+        let cert = tls
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|c| c.first())
+            .and_then(|c| cert_user(c.as_ref()));
+        // Headers come within 30 s, or the idle timeout if shorter.
+        let headers_within = self.idle.min(Duration::from_secs(30));
+        let me = self.clone();
+        let svc = hyper::service::service_fn(move |req| {
+            let me = me.clone();
+            let cert = cert.clone();
+            let standing = standing.clone();
+            async move { Ok::<_, Infallible>(me.handle(cert.as_ref(), &standing, req).await) }
+        });
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(Some(headers_within))
+            .serve_connection(hyper_util::rt::TokioIo::new(tls), svc)
+            .with_upgrades();
+        let _ = conn.await;
+    }
+
+    async fn handle(
+        &self,
+        cert: Option<&User>,
+        standing: &admission::Standing,
+        req: Request<Incoming>,
+    ) -> Response<Body> {
         let method = req.method().as_str().to_string();
         let path = req.uri().path().to_string();
         let query = req.uri().query().map(str::to_string);
@@ -366,7 +439,7 @@ impl KubeletApi {
             (None, None) => None,
         };
         let Some(user) = user else {
-            return text(401, "Unauthorized");
+            return closing(text(401, "Unauthorized"));
         };
         let verb = authz::verb(&method).unwrap_or("");
         let subs = authz::subresources(&path);
@@ -381,43 +454,54 @@ impl KubeletApi {
                     Ok(false) => {}
                     Err(e) => {
                         tracing::warn!(error = %e, user = %user.name, verb, subresource = sub, "node API: SubjectAccessReview failed");
-                        return text(
+                        return closing(text(
                             500,
                             format!(
                                 "Authorization error (user={}, verb={verb}, resource=nodes, subresource={sub})",
                                 user.name
                             ),
-                        );
+                        ));
                     }
                 }
             }
         }
         if !allowed {
             tracing::info!(user = %user.name, verb, path = %path, "node API: request forbidden");
-            return text(403, authz::forbidden_text(&user.name, verb, &subs));
+            return closing(text(403, authz::forbidden_text(&user.name, verb, &subs)));
+        }
+        match standing.admit(&self.connections) {
+            admission::Admit::Admitted => {}
+            admission::Admit::Full => {
+                tracing::info!(user = %user.name, "node API: every connection place is taken");
+                let mut r = closing(text(
+                    503,
+                    "too many connections to this node's API (its max_connections); try again later",
+                ));
+                r.headers_mut().insert(
+                    hyper::header::RETRY_AFTER,
+                    hyper::header::HeaderValue::from_static("1"),
+                );
+                return r;
+            }
+            admission::Admit::Evicted => {
+                return closing(text(503, "this connection was closed to make room"));
+            }
         }
         tracing::debug!(user = %user.name, verb, path = %path, "node API request");
-        let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-        if let ("GET" | "POST", Some(target)) =
-            (method.as_str(), streams::Target::from_segments(&segs))
-        {
-            return self.stream(target, &user.name, req).await;
-        }
-        self.route(&method, &path, query.as_deref()).await
-    }
-
-    async fn route(&self, method: &str, path: &str, query: Option<&str>) -> Response<Body> {
-        let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-        match (method, segs.as_slice()) {
-            ("GET", ["healthz"]) => text(200, "ok"),
-            ("GET", ["metrics", "resource"]) => self.stats(true).await,
-            ("GET", ["stats", "summary"]) => self.stats(false).await,
-            ("GET", ["containerLogs", ns, pod, container])
-                if !ns.is_empty() && !pod.is_empty() && !container.is_empty() =>
-            {
-                self.container_logs(ns, pod, container, query).await
+        match route::parse(&method, &path) {
+            route::Route::Stream(target) => self.stream(target, &user.name, req).await,
+            route::Route::Healthz => text(200, "ok"),
+            route::Route::MetricsResource => self.stats(true).await,
+            route::Route::StatsSummary => self.stats(false).await,
+            route::Route::ContainerLogs {
+                namespace,
+                pod,
+                container,
+            } => {
+                self.container_logs(namespace, pod, container, query.as_deref())
+                    .await
             }
-            _ => text(404, "404 page not found\n"),
+            route::Route::NotFound => text(404, "404 page not found\n"),
         }
     }
 
@@ -469,14 +553,15 @@ impl KubeletApi {
                 "Internal Error: the runtime's container stats are unavailable",
             )
         } else {
-            let extra = stats::sample_extra(
+            let extra = sampling::sample_extra(
                 self.cri.as_ref(),
                 &self.node_name,
                 &self.data_dir,
                 &containers,
+                &self.volumes,
             )
             .await;
-            let body = stats::summary(&self.node_name, node.as_ref(), &containers, &extra);
+            let body = summary::summary(&self.node_name, node.as_ref(), &containers, &extra);
             let mut r = text(200, body.to_string());
             r.headers_mut().insert(
                 hyper::header::CONTENT_TYPE,

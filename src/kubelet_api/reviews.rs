@@ -1,13 +1,19 @@
 //! Delegated authentication and authorization, as the kubelet's webhook mode does them: a
 //! bearer token is sent to the apiserver in a `TokenReview`, every request is checked with a
-//! `SubjectAccessReview` about this node. Answers are cached briefly (the kubelet's defaults:
-//! a token 2 minutes, an allowed review 5 minutes, a denied one 30 seconds), so a busy
-//! `kubectl logs -f` or metrics-server costs the apiserver little; the cache is bounded.
+//! `SubjectAccessReview` about this node, with the user's `extra` as the kubelet sends it.
+//! Answers are cached briefly (the kubelet's defaults: a token 2 minutes, an allowed review
+//! 5 minutes, a denied one 30 seconds; a rejected token 10 seconds), so a busy `kubectl logs
+//! -f` or metrics-server costs the apiserver little. Each cache is bounded and drops one
+//! entry at a time ([`super::cache`]); rejected tokens have a cache of their own, so a flood
+//! of bogus tokens never pushes out an accepted one's answer. Decisions are keyed by the
+//! whole user, `extra` too, as the kubelet's webhook authorizer keys them by the review's
+//! spec: two tokens of one service account (two pods) do not share a decision.
 
+use super::cache::Bounded;
 use crate::kube::resource::Resource;
 use crate::kube::{ApiClient, KubeError};
 use serde_json::{json, Value};
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -25,17 +31,26 @@ const SUBJECT_ACCESS_REVIEWS: Resource = Resource {
     namespaced: false,
 };
 
-/// Entries kept per cache; when full it is emptied (a burst of distinct tokens is an attack
-/// or a bug, not a working set).
+/// Accepted tokens and decisions kept (the kubelet's webhook caches hold 1024 too).
 const CACHE_MAX: usize = 1024;
+/// Rejected tokens kept, each only [`CacheTtl::token_rejected`]: enough that a client
+/// retrying one bad token costs one review, and a flood of them costs little memory.
+const REJECTED_MAX: usize = 256;
 
 /// Who a request is.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct User {
     pub name: String,
     pub uid: Option<String>,
     pub groups: Vec<String>,
+    /// What the authenticator adds (a service-account token's pod and credential id, a
+    /// certificate's credential id): sent in the SubjectAccessReview, as the kubelet sends
+    /// it, for authorizers that decide by it.
+    pub extra: BTreeMap<String, Vec<String>>,
 }
+
+/// The key of `extra` the authenticators put a credential's id under.
+pub const CREDENTIAL_ID: &str = "authentication.kubernetes.io/credential-id";
 
 /// How long answers are kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,17 +72,18 @@ impl Default for CacheTtl {
     }
 }
 
-/// Token digests and what their reviews said, with when.
-type TokenCache = HashMap<[u8; 32], (Instant, Option<User>)>;
-/// (user, verb, subresource) and whether it was allowed, with when.
-type DecisionCache = HashMap<(User, &'static str, &'static str), (Instant, bool)>;
+/// (user, verb, subresource) and whether it was allowed.
+type DecisionCache = Bounded<(User, &'static str, &'static str), bool>;
 
 /// The reviewer: the node's apiserver client and the caches.
 pub struct Reviewer {
     client: ApiClient,
     node_name: String,
     ttl: CacheTtl,
-    tokens: Mutex<TokenCache>,
+    /// By the token's SHA-256: who an accepted token is.
+    tokens: Mutex<Bounded<[u8; 32], User>>,
+    /// The SHA-256 of tokens the apiserver did not accept.
+    rejected: Mutex<Bounded<[u8; 32], ()>>,
     decisions: Mutex<DecisionCache>,
 }
 
@@ -93,10 +109,16 @@ pub fn token_review_user(answer: &Value) -> Option<User> {
     }
     let u = st.get("user")?;
     let name = u.get("username").and_then(Value::as_str)?.to_string();
+    let extra = u
+        .get("extra")
+        .and_then(Value::as_object)
+        .map(|m| m.iter().map(|(k, v)| (k.clone(), strings(v))).collect())
+        .unwrap_or_default();
     Some(User {
         name,
         uid: u.get("uid").and_then(Value::as_str).map(str::to_string),
         groups: strings(&u["groups"]),
+        extra,
     })
 }
 
@@ -114,6 +136,9 @@ pub fn access_review(user: &User, node_name: &str, verb: &str, subresource: &str
     if let Some(uid) = &user.uid {
         spec["uid"] = uid.clone().into();
     }
+    if !user.extra.is_empty() {
+        spec["extra"] = json!(user.extra);
+    }
     json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec})
 }
 
@@ -123,8 +148,9 @@ impl Reviewer {
             client,
             node_name: node_name.to_string(),
             ttl,
-            tokens: Mutex::new(HashMap::new()),
-            decisions: Mutex::new(HashMap::new()),
+            tokens: Mutex::new(Bounded::new(CACHE_MAX)),
+            rejected: Mutex::new(Bounded::new(REJECTED_MAX)),
+            decisions: Mutex::new(Bounded::new(CACHE_MAX)),
         }
     }
 
@@ -136,15 +162,12 @@ impl Reviewer {
             k.copy_from_slice(d.as_ref());
             k
         };
-        if let Some((at, who)) = lock(&self.tokens).get(&key) {
-            let ttl = if who.is_some() {
-                self.ttl.token
-            } else {
-                self.ttl.token_rejected
-            };
-            if at.elapsed() < ttl {
-                return Ok(who.clone());
-            }
+        let now = Instant::now();
+        if let Some(who) = lock(&self.tokens).get(&key, now) {
+            return Ok(Some(who));
+        }
+        if lock(&self.rejected).get(&key, now).is_some() {
+            return Ok(None);
         }
         let body = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
                           "spec": {"token": token}});
@@ -155,11 +178,10 @@ impl Reviewer {
         let who = serde_json::from_str::<Value>(&answer)
             .ok()
             .and_then(|v| token_review_user(&v));
-        let mut cache = lock(&self.tokens);
-        if cache.len() >= CACHE_MAX {
-            cache.clear();
+        match &who {
+            Some(u) => lock(&self.tokens).put(key, u.clone(), self.ttl.token, Instant::now()),
+            None => lock(&self.rejected).put(key, (), self.ttl.token_rejected, Instant::now()),
         }
-        cache.insert(key, (Instant::now(), who.clone()));
         Ok(who)
     }
 
@@ -171,15 +193,8 @@ impl Reviewer {
         subresource: &'static str,
     ) -> Result<bool, KubeError> {
         let key = (user.clone(), verb, subresource);
-        if let Some((at, allowed)) = lock(&self.decisions).get(&key) {
-            let ttl = if *allowed {
-                self.ttl.allowed
-            } else {
-                self.ttl.denied
-            };
-            if at.elapsed() < ttl {
-                return Ok(*allowed);
-            }
+        if let Some(allowed) = lock(&self.decisions).get(&key, Instant::now()) {
+            return Ok(allowed);
         }
         let body = access_review(user, &self.node_name, verb, subresource);
         let answer = self
@@ -190,11 +205,12 @@ impl Reviewer {
             .ok()
             .and_then(|v| v.pointer("/status/allowed").and_then(Value::as_bool))
             .unwrap_or(false);
-        let mut cache = lock(&self.decisions);
-        if cache.len() >= CACHE_MAX {
-            cache.clear();
-        }
-        cache.insert(key, (Instant::now(), allowed));
+        let ttl = if allowed {
+            self.ttl.allowed
+        } else {
+            self.ttl.denied
+        };
+        lock(&self.decisions).put(key, allowed, ttl, Instant::now());
         Ok(allowed)
     }
 }
@@ -213,7 +229,29 @@ mod tests {
                 name: "admin".into(),
                 uid: Some("admin".into()),
                 groups: vec!["system:masters".into(), "system:authenticated".into()],
+                extra: BTreeMap::new(),
             })
+        );
+        // A service account's bound token: the pod and the credential in extra.
+        let sa = json!({"status": {"authenticated": true, "user": {
+            "username": "system:serviceaccount:vehicle:default", "uid": "9d1c",
+            "groups": ["system:serviceaccounts"],
+            "extra": {"authentication.kubernetes.io/pod-name": ["telemetry-h6wk8"],
+                      "authentication.kubernetes.io/credential-id": ["JTI=7e0a"]}}}});
+        let u = token_review_user(&sa).unwrap();
+        assert_eq!(
+            u.extra,
+            BTreeMap::from([
+                (CREDENTIAL_ID.to_string(), vec!["JTI=7e0a".to_string()]),
+                (
+                    "authentication.kubernetes.io/pod-name".to_string(),
+                    vec!["telemetry-h6wk8".to_string()]
+                ),
+            ])
+        );
+        assert_eq!(
+            access_review(&u, "edge-1", "get", "proxy")["spec"]["extra"],
+            sa["status"]["user"]["extra"]
         );
         assert_eq!(token_review_user(&json!({"status": {"user": {}}})), None);
         assert_eq!(
@@ -229,6 +267,7 @@ mod tests {
             name: "jane".into(),
             uid: None,
             groups: vec!["devs".into()],
+            extra: BTreeMap::new(),
         };
         let r = access_review(&u, "edge-1", "get", "log");
         assert_eq!(
@@ -238,5 +277,6 @@ mod tests {
         assert_eq!(r["spec"]["user"], "jane");
         assert_eq!(r["spec"]["groups"], json!(["devs"]));
         assert!(r["spec"].get("uid").is_none());
+        assert!(r["spec"].get("extra").is_none());
     }
 }

@@ -411,6 +411,7 @@ impl KubeletApi {
                 to_runtime = end.a_to_b,
                 to_client = end.b_to_a,
                 idle = end.idle,
+                stalled = end.stalled,
                 "node API: stream closed"
             );
         };

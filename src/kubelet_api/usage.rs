@@ -203,15 +203,29 @@ pub fn logs_by_container(files: &[(String, Usage)]) -> BTreeMap<String, Usage> {
 
 // ---- Reading the host. ----
 
-/// What `path` takes on its filesystem, as `du` counts it (blocking; a path that vanishes
-/// meanwhile counts as nothing).
-pub fn du(path: &Path) -> Usage {
+/// What a walk of a directory counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Walk {
+    pub usage: Usage,
+    /// Every entry was visited (else the usage is a lower bound).
+    pub complete: bool,
+}
+
+/// What `path` takes on its filesystem, as `du` counts it, visiting at most `max_entries`
+/// entries (each one `lstat`; memory stays within that many paths too). Blocking; a path
+/// that vanishes meanwhile counts as nothing.
+pub fn du(path: &Path, max_entries: u64) -> Walk {
     let Ok(top) = std::fs::symlink_metadata(path) else {
-        return Usage::default();
+        return Walk {
+            usage: Usage::default(),
+            complete: true,
+        };
     };
     let dev = top.dev();
     let mut seen = std::collections::HashSet::new();
     let mut total = Usage::default();
+    let mut visited: u64 = 1;
+    let mut complete = true;
     let mut stack = vec![(path.to_path_buf(), top)];
     while let Some((p, m)) = stack.pop() {
         // Not into other filesystems (a mount inside a volume), a hard link once.
@@ -225,13 +239,21 @@ pub fn du(path: &Path) -> Usage {
             };
         if m.is_dir() {
             for e in std::fs::read_dir(&p).into_iter().flatten().flatten() {
+                if visited >= max_entries {
+                    complete = false;
+                    break;
+                }
+                visited += 1;
                 if let Ok(em) = std::fs::symlink_metadata(e.path()) {
                     stack.push((e.path(), em));
                 }
             }
         }
     }
-    total
+    Walk {
+        usage: total,
+        complete,
+    }
 }
 
 /// The files of a pod's log directory with what each takes (blocking; none when it is
@@ -384,10 +406,16 @@ vethab12:   30752     374    0    0    0     0          0       116    27030    
         std::fs::create_dir(dir.path().join("d")).unwrap();
         std::fs::write(dir.path().join("d/b"), vec![1u8; 5000]).unwrap();
         std::fs::hard_link(dir.path().join("a"), dir.path().join("d/a2")).unwrap();
-        let got = du(dir.path());
+        let got = du(dir.path(), u64::MAX);
+        assert!(got.complete);
+        let got = got.usage;
         // The dir, a, d, b: a's hard link once.
         assert_eq!(got.inodes, 4);
         assert!(got.bytes >= 15_000, "{got:?}");
-        assert_eq!(du(&dir.path().join("missing")), Usage::default());
+        assert_eq!(du(&dir.path().join("missing"), 10).usage, Usage::default());
+        // Three entries visited of five: cut short, a lower bound.
+        let cut = du(dir.path(), 3);
+        assert!(!cut.complete);
+        assert!(cut.usage.inodes <= 3, "{cut:?}");
     }
 }

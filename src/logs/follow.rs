@@ -27,7 +27,8 @@ pub trait Followed: Send + 'static {
 pub struct Ending {
     /// Wait for new lines at the end of the file (`-f`).
     pub follow: bool,
-    /// A follow with nothing new for this long is ended.
+    /// A follow with nothing new for this long is ended; so is any stream whose receiver
+    /// takes nothing for this long.
     pub idle: Duration,
     /// Stop after this many bytes (`limitBytes`).
     pub limit_bytes: Option<u64>,
@@ -37,7 +38,21 @@ pub struct Ending {
 /// current end) and, at the end of a followed file, whether it was superseded.
 type Step = std::io::Result<(Vec<u8>, usize, bool)>;
 
-/// Reads `log` into `tx` until it ends as `ending` says, or the receiver goes away.
+/// Hands `chunk` to the receiver; `false` when it is gone (the client went away) or took
+/// nothing for `idle`: a client that stopped reading (`kubectl logs -f`, then Ctrl-Z) must
+/// not hold the stream, and its place among the API's streams, for ever.
+async fn send(tx: &mpsc::Sender<Bytes>, chunk: Vec<u8>, idle: Duration) -> bool {
+    match tokio::time::timeout(idle, tx.send(Bytes::from(chunk))).await {
+        Ok(sent) => sent.is_ok(),
+        Err(_) => {
+            tracing::info!(idle = ?idle, "ending a log stream whose client read nothing for its idle limit");
+            false
+        }
+    }
+}
+
+/// Reads `log` into `tx` until it ends as `ending` says, the receiver goes away, or it takes
+/// nothing for `ending.idle`.
 pub async fn pump<L: Followed>(mut log: L, ending: Ending, tx: mpsc::Sender<Bytes>) {
     let follow = ending.follow;
     let mut left = ending.limit_bytes;
@@ -83,14 +98,14 @@ pub async fn pump<L: Followed>(mut log: L, ending: Ending, tx: mpsc::Sender<Byte
             if out.len() as u64 >= *l {
                 // usize::MAX bytes cannot be in memory, so the limit fits a usize here.
                 out.truncate(usize::try_from(*l).unwrap_or(usize::MAX));
-                let _ = tx.send(Bytes::from(out)).await;
+                let _ = send(&tx, out, ending.idle).await;
                 break;
             }
             *l -= out.len() as u64;
         }
         if !out.is_empty() {
-            if tx.send(Bytes::from(out)).await.is_err() {
-                return; // The client went away.
+            if !send(&tx, out, ending.idle).await {
+                return;
             }
             quiet_since = tokio::time::Instant::now();
         }
@@ -116,5 +131,56 @@ pub async fn pump<L: Followed>(mut log: L, ending: Ending, tx: mpsc::Sender<Byte
     if reader.malformed() > 0 {
         tracing::debug!(path = %path.display(), skipped = reader.malformed(),
             "container log had records not in the CRI format");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    struct Plain {
+        reader: LogReader<File>,
+        path: PathBuf,
+    }
+
+    impl Followed for Plain {
+        fn parts(&mut self) -> (&mut LogReader<File>, &Path) {
+            (&mut self.reader, &self.path)
+        }
+        fn superseded(&self) -> bool {
+            false
+        }
+    }
+
+    /// Issue 31: a client that stops reading (`kubectl logs -f`, then Ctrl-Z) left the pump
+    /// waiting on a full channel for ever, holding the stream's slot. A send that waits the
+    /// idle time ends the stream, followed or not.
+    #[tokio::test]
+    async fn a_reader_that_takes_nothing_ends_the_stream_after_the_idle_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("app_0.log");
+        let line = "2026-11-30T23:12:43.713137255Z stdout F ".to_string() + &"x".repeat(60) + "\n";
+        std::fs::write(&path, line.repeat(20_000)).unwrap();
+        for follow in [false, true] {
+            let log = Plain {
+                reader: LogReader::open(&path, None).unwrap(),
+                path: path.clone(),
+            };
+            let (tx, rx) = mpsc::channel(1);
+            let ending = Ending {
+                follow,
+                idle: Duration::from_millis(300),
+                limit_bytes: None,
+            };
+            let pump = tokio::spawn(pump(log, ending, tx));
+            // The receiver stays, and takes nothing.
+            let ended = tokio::time::timeout(Duration::from_secs(20), pump).await;
+            assert!(
+                ended.is_ok(),
+                "follow={follow}: the pump still waits on its reader"
+            );
+            drop(rx);
+        }
     }
 }

@@ -404,6 +404,74 @@ fn rfc3339_stamps_as_unix_nanoseconds() {
     assert_eq!(rfc3339_nanos("2026-11-29T18:42:49.Z"), None);
 }
 
+/// Issue 31: a `sinceTime` with a multi-byte character where the offset's `:` belongs
+/// (`+00é0`, six bytes) made the offset check slice inside the character, a panic that
+/// aborts the agent. Every malformed stamp is `None`, whatever its bytes.
+#[test]
+fn malformed_stamps_are_none_never_a_panic() {
+    for bad in [
+        "2026-01-01T00:00:00+00\u{e9}0",
+        "2026-01-01T00:00:00+0\u{e9}00",
+        "2026-01-01T00:00:00+\u{e9}:00",
+        "2026-01-01T00:00:00\u{e9}",
+        "2026-01-01T00:00:00.\u{e9}Z",
+        "2026-01-01T00:00:\u{e9}Z",
+        "2026-01-01T00:00:0\u{e9}Z",
+        "2026-01-01T00:\u{e9}:00Z",
+        "2026-\u{e9}1T00:00:00Z",
+        "\u{e9}026-01-01T00:00:00Z",
+        "2026-01-01T00:00:00+\u{1f600}",
+        "2026-01-01T00:00:00-\u{1f600}0",
+    ] {
+        assert_eq!(rfc3339_nanos(bad), None, "{bad:?}");
+    }
+    // Every prefix and every byte position of a valid stamp with a character put in.
+    let good = "2026-11-29T20:42:49.000000001+02:00";
+    for at in 0..=good.len() {
+        let mut s = good[..at].to_string();
+        if at < good.len() {
+            assert_eq!(rfc3339_nanos(&s), None, "a prefix: {s:?}");
+        }
+        s.push('\u{e9}');
+        s.push_str(&good[at..]);
+        assert_eq!(rfc3339_nanos(&s), None, "{s:?}");
+    }
+}
+
+/// What Go's `time.Parse(time.RFC3339, ...)` refuses is refused: signs and spaces in the
+/// numbers, fields out of range, a bad offset.
+#[test]
+fn stamps_out_of_range_are_none() {
+    for bad in [
+        "2026-13-01T00:00:00Z",
+        "2026-00-01T00:00:00Z",
+        "2026-02-30T00:00:00Z",
+        "2026-01-32T00:00:00Z",
+        "2026-01-01T24:00:00Z",
+        "2026-01-01T00:60:00Z",
+        "2026-01-01T00:00:60Z",
+        "2026-+1-01T00:00:00Z",
+        "2026-01--1T00:00:00Z",
+        "2026-01-01T+1:00:00Z",
+        "2026-01-01T00:00:00+24:00",
+        "2026-01-01T00:00:00+02:60",
+        "2026-01-01T00:00:00+-1:00",
+        "2026-01-01T00:00:00+02-00",
+        "2026-01-01T00:00:00+02:00Z",
+    ] {
+        assert_eq!(rfc3339_nanos(bad), None, "{bad:?}");
+    }
+    assert_eq!(
+        rfc3339_nanos("2024-02-29T00:00:00-00:30"),
+        Some(1_709_166_600_000_000_000)
+    );
+    // Go drops fractional digits past the ninth.
+    assert_eq!(
+        rfc3339_nanos("1970-01-01T00:00:01.1234567899999Z"),
+        Some(1_123_456_789)
+    );
+}
+
 #[test]
 fn timestamps_start_lines_and_since_leaves_older_records_out() {
     let file = "2026-11-30T10:00:00.000000001Z stdout F old\n\

@@ -27,7 +27,9 @@ pub fn free_addr() -> SocketAddr {
 
 /// A running `edgehub run`; dropping it stops it and removes its node's sandboxes.
 pub struct NodeRun {
-    child: Child,
+    pub child: Child,
+    /// What edgehub wrote to stderr.
+    pub stderr: PathBuf,
     pub socket: PathBuf,
     pub node: String,
     /// Where the node API listens.
@@ -77,6 +79,9 @@ pub fn start(s: &FakeApiServer, node: &str, pods: &[Value]) -> NodeRun {
     for p in pods {
         s.apply("pods", p.clone());
     }
+    // Its log, to tell a panic (in a test build a panic ends only its task; the release
+    // build aborts on one) from an orderly answer.
+    let stderr = dir.path().join("edgehub.stderr");
     let child = Command::new(BIN)
         .arg("--config")
         .arg(&config)
@@ -84,11 +89,12 @@ pub fn start(s: &FakeApiServer, node: &str, pods: &[Value]) -> NodeRun {
         .env_remove("EDGEHUB_NODE_NAME")
         .env_remove("EDGEHUB_API_ADDR")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(&stderr).unwrap())
         .spawn()
         .unwrap();
     NodeRun {
         child,
+        stderr,
         socket,
         node: node.to_string(),
         node_api,

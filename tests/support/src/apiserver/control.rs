@@ -496,6 +496,18 @@ impl FakeApiServer {
         lock(&self.state.reviews).unbind_user(user);
     }
 
+    /// A token for `user` whose TokenReview answers with `extra` too (a JSON object of
+    /// string arrays), as the apiserver answers for a service account's bound token.
+    pub fn add_token_with_extra(&self, token: &str, user: &str, extra: serde_json::Value) {
+        self.add_token(token, user);
+        lock(&self.state.reviews).extra.insert(token.into(), extra);
+    }
+
+    /// The specs of the SubjectAccessReviews received, in order.
+    pub fn access_reviews(&self) -> Vec<serde_json::Value> {
+        lock(&self.state.reviews).received.clone()
+    }
+
     /// RBAC for `user` on the node proxy (`get pods/log`, `create pods/exec`, `pods/attach`,
     /// `pods/portforward`, `nodes/proxy`) and reads of metrics.k8s.io. Without it a user
     /// outside `system:masters` gets the recorded 403s (`pod_log_forbidden_no_rbac`, ...).

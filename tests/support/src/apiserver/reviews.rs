@@ -9,7 +9,7 @@ use super::csr::{bootstrap_caller, token_caller, Caller};
 use super::{json_response, lock, parse_body, status, Body, State};
 use hyper::Response;
 use serde_json::{json, Map, Value};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 pub(super) const TOKEN_REVIEWS: &str = "/apis/authentication.k8s.io/v1/tokenreviews";
 pub(super) const SUBJECT_ACCESS_REVIEWS: &str =
@@ -24,9 +24,14 @@ pub const APISERVER_KUBELET_CLIENT: &str = "kube-apiserver-kubelet-client";
 /// Who holds `system:kubelet-api-admin` (full access to the kubelet's API: `nodes/proxy`,
 /// `nodes/log`, `nodes/stats`, `nodes/metrics`), by user and by group. kubeadm binds it to
 /// the apiserver's kubelet-client user; `system:masters` may do anything anyway.
+/// Also what the reviews carry beyond a user's name and groups: the `extra` a token's
+/// TokenReview answers with (the real apiserver's service-account tokens carry the pod's
+/// name and uid, the node's, a credential id), and the SubjectAccessReviews received.
 pub(super) struct Rbac {
     users: HashSet<String>,
     groups: HashSet<String>,
+    pub(super) extra: HashMap<String, Value>,
+    pub(super) received: Vec<Value>,
 }
 
 impl Default for Rbac {
@@ -34,6 +39,8 @@ impl Default for Rbac {
         Rbac {
             users: HashSet::from([APISERVER_KUBELET_CLIENT.to_string()]),
             groups: HashSet::new(),
+            extra: HashMap::new(),
+            received: Vec::new(),
         }
     }
 }
@@ -110,6 +117,9 @@ pub(super) fn token_review(state: &State, caller: &Caller, body: &[u8]) -> Respo
                 user.insert("uid".into(), uid.into());
             }
             user.insert("groups".into(), json!(c.groups));
+            if let Some(extra) = lock(&state.reviews).extra.get(&token) {
+                user.insert("extra".into(), extra.clone());
+            }
             st.insert("authenticated".into(), true.into());
             st.insert("user".into(), Value::Object(user));
             st.insert("audiences".into(), json!([API_AUDIENCE]));
@@ -166,6 +176,7 @@ pub(super) fn subject_access_review(state: &State, caller: &Caller, body: &[u8])
         Err(r) => return *r,
     };
     let spec = obj.get("spec").cloned().unwrap_or(json!({}));
+    lock(&state.reviews).received.push(spec.clone());
     let user = spec.get("user").and_then(Value::as_str).unwrap_or("");
     let groups: Vec<String> = spec
         .get("groups")
