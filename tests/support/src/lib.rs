@@ -5,6 +5,7 @@ pub mod apiserver;
 pub mod certs;
 pub mod chaos;
 pub mod daemonset_sim;
+pub mod hostile;
 pub mod patch;
 mod rawclient;
 pub use rawclient::{ClientPem, RawAnswer};
