@@ -255,6 +255,24 @@ mod tests {
         }
     }
 
+    /// Issue 31: the hostile shapes are refused, naming the limit, without taking in what
+    /// their headers declare (the integration test measures the memory).
+    #[test]
+    fn hostile_extension_headers_are_refused_naming_the_limit() {
+        use edgehub_testsupport::hostile;
+        for (what, bytes) in [
+            ("long name", hostile::long_name_gzip(64 << 20)),
+            ("pax", hostile::pax_gzip(64 << 20)),
+        ] {
+            let r = scan(Cursor::new(bytes));
+            let e = r.expect_err(what).to_string();
+            assert!(e.contains("65536"), "{what}: {e}");
+        }
+        // A gigabyte of zeros: the end of the archive at its first block.
+        let r = scan(Cursor::new(hostile::zeros_gzip(64 << 20)));
+        assert!(matches!(r, Err(ScanError::Archive(_))), "{r:?}");
+    }
+
     #[test]
     fn garbage_and_empty_input_are_errors_never_panics() {
         assert!(matches!(
