@@ -85,7 +85,7 @@ fn drop_file(n: &Node, name: &str, bytes: &[u8]) -> std::path::PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_archives_are_refused_in_bounded_memory() {
     const BUDGET: u64 = 32 << 20;
-    let mut n = quiet_node("hostile", "").await;
+    let n = quiet_node("hostile", "").await;
     let pid = n.child.as_ref().unwrap().id();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let idle = peak_rss(pid);

@@ -5,6 +5,46 @@ use super::reference::is_sha256_digest;
 use super::ImageError;
 use std::io::Read;
 
+/// The most bytes of an archive entry edgehub does not use (docker save's `VERSION` and
+/// `json`, `repositories`): anything larger is not an image archive's, and would only cost
+/// the time to pass over it.
+pub const MAX_UNUSED: u64 = 1 << 20;
+/// The most the paths of an archive's blobs and links, and the links' targets, may add up to,
+/// each counting [`NAME_COST`] bytes more for its bookkeeping: what a reader remembers of an
+/// archive's entries.
+pub const MAX_NAMES: u64 = 1 << 20;
+/// What remembering one entry costs besides its names.
+const NAME_COST: u64 = 128;
+
+/// What the remembered entries of one archive cost so far, against [`MAX_NAMES`].
+#[derive(Debug, Default)]
+pub(super) struct Names(u64);
+
+impl Names {
+    /// Counts one remembered entry; `Err` names the limit once they are too many.
+    pub(super) fn take(&mut self, path: &str, target: Option<&str>) -> Result<(), String> {
+        self.0 += path.len() as u64 + target.map_or(0, |t| t.len() as u64) + NAME_COST;
+        if self.0 > MAX_NAMES {
+            return Err(format!(
+                "the paths of the archive's blobs and links add up to more than {MAX_NAMES} \
+                 bytes (each counted {NAME_COST} bytes more)"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Refuses an entry edgehub does not use that is larger than [`MAX_UNUSED`].
+pub(super) fn check_unused(path: &str, size: u64) -> Result<(), String> {
+    if size > MAX_UNUSED {
+        return Err(format!(
+            "entry {path:?} is {size} bytes and not part of an image; the most accepted for \
+             such an entry is {MAX_UNUSED} bytes"
+        ));
+    }
+    Ok(())
+}
+
 pub(super) enum Entry {
     Meta,
     Blob(Option<String>),
@@ -118,6 +158,23 @@ mod tests {
         assert!(clean("a/../../b").is_err());
         // docker save links a shared layer as ../<id>/layer.tar from its own directory.
         assert_eq!(clean("l2/../l1/layer.tar").unwrap(), "l1/layer.tar");
+    }
+
+    #[test]
+    fn what_an_archive_costs_to_remember_is_bounded() {
+        let mut n = Names::default();
+        let path = "p".repeat(1000);
+        let mut taken = 0;
+        while n.take(&path, Some(&path)).is_ok() {
+            taken += 1;
+        }
+        // 2128 bytes an entry: 492 fit in a mebibyte.
+        assert_eq!(taken, 492);
+        let e = n.take("x", None).unwrap_err();
+        assert!(e.contains("1048576 bytes"), "{e}");
+        assert!(check_unused("VERSION", MAX_UNUSED).is_ok());
+        let e = check_unused("x", MAX_UNUSED + 1).unwrap_err();
+        assert!(e.contains("1048577 bytes") && e.contains("1048576"), "{e}");
     }
 
     #[test]

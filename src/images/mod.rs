@@ -27,6 +27,7 @@ pub mod oci;
 pub mod policy;
 pub mod reference;
 pub mod scan;
+pub mod tarstream;
 
 pub use import::{Loaded, CHUNK};
 
@@ -106,6 +107,8 @@ pub enum ImageError {
     Undeclared(String),
     #[error("the archive is larger than the {limit} bytes accepted (images.max_archive_bytes)")]
     TooLarge { limit: u64 },
+    #[error("over a limit: {0}")]
+    Limit(String),
     #[error("reading the archive: {0}")]
     Input(#[source] std::io::Error),
     #[error(transparent)]
@@ -118,7 +121,30 @@ pub enum ImageError {
     Json(#[from] oci::JsonError),
 }
 
+impl From<tarstream::TarError> for ImageError {
+    fn from(e: tarstream::TarError) -> ImageError {
+        match e {
+            tarstream::TarError::Limit(m) => ImageError::Limit(m),
+            tarstream::TarError::Io(e) => ImageError::from_io(e),
+            other => ImageError::Archive(other.to_string()),
+        }
+    }
+}
+
 impl ImageError {
+    /// An error reading the archive: a corrupt or cut-off stream (gzip's and the tar
+    /// reader's errors) is the archive's fault; anything else is the input's (a client that
+    /// stopped sending, a disk that failed).
+    pub fn from_io(e: std::io::Error) -> ImageError {
+        use std::io::ErrorKind::{InvalidData, InvalidInput, UnexpectedEof};
+        match e.kind() {
+            InvalidData | InvalidInput | UnexpectedEof => {
+                ImageError::Archive(format!("reading the archive: {e}"))
+            }
+            _ => ImageError::Input(e),
+        }
+    }
+
     /// The local API's status for this error.
     pub fn http_status(&self) -> u16 {
         match self {

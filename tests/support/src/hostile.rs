@@ -51,7 +51,7 @@ pub fn gzip_with_zeros(prefix: &[u8], zeros: u64, suffix: &[u8]) -> Vec<u8> {
     let mut out = vec![0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff];
     let mut z = Compress::new(Compression::best(), false);
     let mut crc = Crc::new();
-    let mut put = |z: &mut Compress, data: &[u8], flush: FlushCompress| -> Vec<u8> {
+    let put = |z: &mut Compress, data: &[u8], flush: FlushCompress| -> Vec<u8> {
         let mut buf = Vec::with_capacity(data.len() / 2 + 4096);
         let start = z.total_in();
         loop {
