@@ -52,6 +52,28 @@ pub enum ContainerdError {
 }
 
 impl ContainerdError {
+    /// Whether the call may succeed if made again: containerd away or restarting, out of
+    /// room or time, or a race with its garbage collector; not an argument or a state it
+    /// refuses.
+    pub fn is_transient(&self) -> bool {
+        use tonic::Code;
+        match self {
+            ContainerdError::Call { code, .. } => matches!(
+                code,
+                Code::Unavailable
+                    | Code::DeadlineExceeded
+                    | Code::ResourceExhausted
+                    | Code::Aborted
+                    | Code::Unknown
+                    | Code::Cancelled
+                    | Code::Internal
+                    | Code::NotFound
+            ),
+            ContainerdError::Timeout { .. } | ContainerdError::Write { .. } => true,
+            ContainerdError::Header { .. } => false,
+        }
+    }
+
     pub fn is_not_found(&self) -> bool {
         matches!(
             self,

@@ -109,6 +109,8 @@ pub enum ImageError {
     TooLarge { limit: u64 },
     #[error("over a limit: {0}")]
     Limit(String),
+    #[error("another image import has run for {held_secs} s; waited {waited_secs} s for it to end (try again later)")]
+    Busy { held_secs: u64, waited_secs: u64 },
     #[error("reading the archive: {0}")]
     Input(#[source] std::io::Error),
     #[error(transparent)]
@@ -145,13 +147,37 @@ impl ImageError {
         }
     }
 
+    /// Whether the error may pass by itself (the runtime restarting, no room yet, an I/O
+    /// error), so the same archive is worth trying again; the rest (a corrupt archive, one
+    /// over a limit, refused by policy, for another platform) fail again every time.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ImageError::Space { .. }
+            | ImageError::Input(_)
+            | ImageError::Cri(_)
+            | ImageError::Store(_)
+            | ImageError::Busy { .. } => true,
+            ImageError::Containerd(e) => e.is_transient(),
+            ImageError::Archive(_)
+            | ImageError::Truncated { .. }
+            | ImageError::Digest { .. }
+            | ImageError::Missing { .. }
+            | ImageError::Platform(_)
+            | ImageError::Refused(_)
+            | ImageError::Undeclared(_)
+            | ImageError::TooLarge { .. }
+            | ImageError::Limit(_)
+            | ImageError::Json(_) => false,
+        }
+    }
+
     /// The local API's status for this error.
     pub fn http_status(&self) -> u16 {
         match self {
             ImageError::Refused(_) => 403,
             ImageError::TooLarge { .. } => 413,
             ImageError::Space { .. } => 507,
-            ImageError::Containerd(_) | ImageError::Cri(_) => 503,
+            ImageError::Containerd(_) | ImageError::Cri(_) | ImageError::Busy { .. } => 503,
             ImageError::Store(_) => 500,
             _ => 400,
         }
@@ -435,4 +461,60 @@ pub fn wanted_images(store: &Store) -> Result<Vec<Wanted>, StoreError> {
 /// Bytes an unprivileged writer may still use on the filesystem holding `path`.
 pub fn free_bytes(path: &std::path::Path) -> Option<u64> {
     crate::mountns::fs_stats(path).map(|s| s.available_bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 31: the drop directory parks only what fails every time.
+    #[test]
+    fn only_a_fault_that_may_pass_is_transient() {
+        let call = |code| {
+            ImageError::Containerd(ContainerdError::Call {
+                method: "Content.Write",
+                code,
+                message: String::new(),
+            })
+        };
+        let io = |kind| std::io::Error::new(kind, "x");
+        for e in [
+            call(tonic::Code::Unavailable),
+            call(tonic::Code::ResourceExhausted),
+            call(tonic::Code::Unknown),
+            ImageError::Containerd(ContainerdError::Timeout {
+                method: "Content.Info",
+                timeout: Duration::from_secs(30),
+            }),
+            ImageError::Space {
+                path: "/".into(),
+                need: 1,
+                free: 0,
+                reserve: 0,
+            },
+            ImageError::from_io(io(std::io::ErrorKind::Other)),
+            ImageError::Busy {
+                held_secs: 1,
+                waited_secs: 1,
+            },
+        ] {
+            assert!(e.is_transient(), "{e}");
+        }
+        for e in [
+            call(tonic::Code::InvalidArgument),
+            call(tonic::Code::FailedPrecondition),
+            ImageError::from_io(io(std::io::ErrorKind::InvalidData)),
+            ImageError::from_io(io(std::io::ErrorKind::UnexpectedEof)),
+            ImageError::Archive("x".into()),
+            ImageError::Limit("x".into()),
+            ImageError::Refused("x".into()),
+            ImageError::Platform("x".into()),
+            ImageError::Missing {
+                what: "layer".into(),
+                digest: "sha256:x".into(),
+            },
+        ] {
+            assert!(!e.is_transient(), "{e}");
+        }
+    }
 }
