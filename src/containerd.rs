@@ -412,7 +412,8 @@ impl Containerd {
         })
     }
 
-    /// Names `target` as image `name` (created, or moved when the name exists).
+    /// Names `target` as image `name` (created, or moved when the name exists, keeping the
+    /// labels it had that `labels` does not set).
     pub async fn put_image(
         &self,
         name: &str,
@@ -435,9 +436,13 @@ impl Containerd {
         match Self::call("Images.Create", c.create(r)).await {
             Ok(_) => Ok(()),
             Err(e) if e.is_already_exists() => {
+                // The target and the labels set here, and nothing else: without a mask,
+                // Update replaces every label, and drops the CRI's pin on the sandbox image.
+                let mut paths = vec!["target".to_string()];
+                paths.extend(image.labels.keys().map(|k| format!("labels.{k}")));
                 let msg = images::UpdateImageRequest {
                     image: Some(image),
-                    update_mask: None,
+                    update_mask: Some(edgehub_containerd_api::prost_types::FieldMask { paths }),
                     source_date_epoch: None,
                 };
                 let r = self.req("Images.Update", msg, lease)?;
