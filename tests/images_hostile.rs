@@ -267,3 +267,149 @@ async fn a_dropped_archive_waits_out_a_containerd_outage() {
     assert!(!reason_of(&dropped).exists());
     n.kill9();
 }
+
+/// An upload whose body trickles: the head and `first`, then `byte` every `every`, until the
+/// answer comes or `give_up` passes. Returns (status, body, how long the answer took); status
+/// 0 for none.
+fn trickle(
+    n: &Node,
+    first: &[u8],
+    byte: &[u8],
+    every: Duration,
+    give_up: Duration,
+) -> (u16, String, Duration) {
+    let start = std::time::Instant::now();
+    let mut s = std::net::TcpStream::connect(&n.api).unwrap();
+    s.write_all(
+        b"POST /v1/images/load?force=true HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2097152\r\nConnection: close\r\n\r\n",
+    )
+    .unwrap();
+    s.write_all(first).unwrap();
+    s.set_nonblocking(true).unwrap();
+    let mut out = Vec::new();
+    while start.elapsed() < give_up {
+        let mut buf = [0u8; 4096];
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(k) => out.extend_from_slice(&buf[..k]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if out.windows(4).any(|w| w == b"\r\n\r\n") && !out.is_empty() {
+                    // Head and maybe body: give the body a moment, then stop.
+                    std::thread::sleep(Duration::from_millis(300));
+                    let _ = s.read_to_end(&mut out);
+                    break;
+                }
+                if s.write_all(byte).is_err() {
+                    break;
+                }
+                std::thread::sleep(every);
+            }
+            Err(_) => break,
+        }
+    }
+    let took = start.elapsed();
+    let out = String::from_utf8_lossy(&out).into_owned();
+    let code = out
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    (code, body, took)
+}
+
+/// Issue 31 item 11: a client that sends a byte every second keeps under the per-frame idle
+/// timeout but holds the one import slot; it is cut for sending too little in a window, and
+/// an import that came after it goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trickling_upload_is_cut_and_does_not_hold_other_imports() {
+    let repo = format!("trickle-{}", std::process::id());
+    let image = format!("127.0.0.1:1/{repo}:1.0");
+    let dir = tempfile::tempdir().unwrap();
+    let built = archive::build(dir.path(), &image, "after the trickle", 0);
+    let file = archive::oci_archive(&built, &dir.path().join("a.tar"));
+    let bytes = std::fs::read(&file).unwrap();
+    let n = quiet_node("trickle", "upload_window_secs = 4\nupload_min_kib = 16\n").await;
+    let slow = std::thread::scope(|sc| {
+        let slow = sc.spawn(|| {
+            trickle(
+                &n,
+                b"",
+                b"\0",
+                Duration::from_secs(1),
+                Duration::from_secs(40),
+            )
+        });
+        std::thread::sleep(Duration::from_secs(2));
+        let started = std::time::Instant::now();
+        let (code, body) = post(&n, "/v1/images/load?force=true", &bytes);
+        let took = started.elapsed();
+        eprintln!("the import after the trickle: {code} after {took:?}");
+        assert_eq!(
+            code,
+            200,
+            "the import after the trickle: {body}\n{}",
+            n.log()
+        );
+        assert!(took < Duration::from_secs(30), "{took:?}");
+        slow.join().unwrap()
+    });
+    let (code, body, took) = slow;
+    eprintln!("the trickle: {code} after {took:?}: {body}");
+    assert_eq!(code, 408, "the trickle after {took:?}: {body}\n{}", n.log());
+    assert!(body.contains("images.upload_min_kib"), "{body}");
+    assert!(took < Duration::from_secs(15), "{took:?}");
+    n.clean().await;
+    let cri = edgehub::cri::CriClient::new(&common::cri_stack());
+    let _ = cri.remove_image(&image).await;
+}
+
+/// Issue 31 item 11: an upload that keeps the pace but is slow holds the one import slot; an
+/// import behind it waits `import_wait_secs` at most and is answered 503 (the drop directory
+/// would try again later), and one after the slow upload ends goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_import_waits_for_the_one_before_it_a_bounded_time() {
+    let repo = format!("waits-{}", std::process::id());
+    let image = format!("127.0.0.1:1/{repo}:1.0");
+    let dir = tempfile::tempdir().unwrap();
+    let built = archive::build(dir.path(), &image, "after the slow one", 0);
+    let file = archive::oci_archive(&built, &dir.path().join("a.tar"));
+    let bytes = std::fs::read(&file).unwrap();
+    let n = quiet_node(
+        "waits",
+        "upload_window_secs = 4\nupload_min_kib = 1\nimport_wait_secs = 3\n",
+    )
+    .await;
+    // A blob of 1 MiB, sent 2 KiB a second: within the pace, and slow.
+    let blob = format!("blobs/sha256/{}", "ab".repeat(32));
+    let head = hostile::tar_header(&blob, b'0', 1 << 20);
+    std::thread::scope(|sc| {
+        let slow = sc.spawn(|| {
+            trickle(
+                &n,
+                &head,
+                &[7u8; 2048],
+                Duration::from_secs(1),
+                Duration::from_secs(12),
+            )
+        });
+        std::thread::sleep(Duration::from_secs(2));
+        let started = std::time::Instant::now();
+        let (code, body) = post(&n, "/v1/images/load?force=true", &bytes);
+        let took = started.elapsed();
+        eprintln!("behind the slow upload: {code} after {took:?}: {body}");
+        assert_eq!(code, 503, "{body}\n{}", n.log());
+        assert!(body.contains("another image import"), "{body}");
+        assert!(took < Duration::from_secs(8), "{took:?}");
+        let (code, _, _) = slow.join().unwrap();
+        assert_eq!(
+            code, 0,
+            "the slow upload was not cut while it kept the pace"
+        );
+    });
+    let (code, body) = post(&n, "/v1/images/load?force=true", &bytes);
+    assert_eq!(code, 200, "once the slow upload ended: {body}\n{}", n.log());
+    n.clean().await;
+    let cri = edgehub::cri::CriClient::new(&common::cri_stack());
+    let _ = cri.remove_image(&image).await;
+}

@@ -61,6 +61,14 @@ pub struct ImagesConfig {
     /// How often image garbage collection looks at the image filesystem, besides after each
     /// commit.
     pub gc_interval: Duration,
+    /// An upload through the local API must send at least `upload_min_bytes` (and at least
+    /// one byte) in every `upload_window` of time spent waiting on it; one that does not is
+    /// cut (408). Time the import spends on its own is not counted.
+    pub upload_window: Duration,
+    pub upload_min_bytes: u64,
+    /// How long an import waits for the one running before it to end, before it gives up
+    /// (503; the drop directory tries again later).
+    pub import_wait: Duration,
 }
 
 impl ImagesConfig {
@@ -74,6 +82,10 @@ impl ImagesConfig {
             gc: gc::GcPolicy::default(),
             // The kubelet's image manager looks every 5 minutes; a small flash fills faster.
             gc_interval: Duration::from_secs(60),
+            // 1 MiB a minute (17 KiB/s): a cellular link does better, a trickle does not.
+            upload_window: Duration::from_secs(60),
+            upload_min_bytes: 1 << 20,
+            import_wait: Duration::from_secs(600),
         }
     }
 }
@@ -229,14 +241,18 @@ const LEASE_LABEL: &str = "edgehub.io/import";
 /// A lease outlives a dead edgehub by this much at most (containerd's `gc.expire`).
 const LEASE_EXPIRY: Duration = Duration::from_secs(3600);
 
-/// Imports archives into containerd. One import runs at a time; others wait.
+/// Imports archives into containerd. One import runs at a time; others wait for it, for
+/// `import_wait` at most.
 pub struct Importer {
     pub containerd: Containerd,
     pub cri: CriClient,
     pub store: Arc<Store>,
     pub config: ImagesConfig,
     pub node_name: String,
-    one: std::sync::Mutex<()>,
+    /// The one import running holds it.
+    one: tokio::sync::Mutex<()>,
+    /// When the import holding `one` started, for a waiting one's message.
+    since: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl Importer {
@@ -252,7 +268,8 @@ impl Importer {
             store,
             config,
             node_name: node_name.to_string(),
-            one: std::sync::Mutex::new(()),
+            one: tokio::sync::Mutex::new(()),
+            since: std::sync::Mutex::new(None),
         }
     }
 
@@ -265,8 +282,17 @@ impl Importer {
         expected: Expected,
         opts: LoadOptions,
     ) -> Result<Loaded, ImageError> {
-        // Poisoned only if an import panicked; the lock still only orders imports.
-        let _one = self.one.lock().unwrap_or_else(|p| p.into_inner());
+        let asked = std::time::Instant::now();
+        let wait = self.config.import_wait;
+        let Ok(_one) = rt.block_on(tokio::time::timeout(wait, self.one.lock())) else {
+            // Poisoned only if an import panicked; it is only a timestamp.
+            let since = *self.since.lock().unwrap_or_else(|p| p.into_inner());
+            return Err(ImageError::Busy {
+                held_secs: since.map_or(0, |s| s.elapsed().as_secs()),
+                waited_secs: asked.elapsed().as_secs(),
+            });
+        };
+        *self.since.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
         let wanted = wanted_images(&self.store)?;
         let mountpoint = rt.block_on(self.cri.image_fs_mountpoint())?;
         let reserve = self.config.reserve_bytes;
