@@ -3,11 +3,12 @@
 //! hashed; the device's platform) and named in the images service. Runs on a blocking
 //! thread, reading the archive as a stream and never holding more than a chunk of a blob.
 
-use super::entry::{check_unused, classify, clean, read_full, sha256_hex, Entry, Names};
+pub use super::entry::MAX_JSON;
+use super::entry::{read_full, resolve, sha256_hex, Judge, Step};
 use super::oci::{self, Descriptor};
 use super::policy::{self, Offer, Verdict, Wanted};
 use super::reference::Reference;
-use super::tarstream::{Kind, Streamed, TarReader};
+use super::tarstream::{Streamed, TarReader};
 use super::ImageError;
 use crate::containerd::Containerd;
 use edgehub_containerd_api::types::Descriptor as CdDescriptor;
@@ -17,13 +18,22 @@ use tokio::runtime::Handle;
 
 /// The bytes of a blob sent to containerd in one message.
 pub const CHUNK: usize = 256 << 10;
-/// The largest JSON document read whole (index.json, manifest.json, manifests, configs).
-/// Parsed, JSON can take ten times its size (a descriptor or annotation every few bytes), so
-/// this bounds what an import holds; real ones are a few KiB (a config with a long history,
-/// tens).
-pub const MAX_JSON: usize = 1 << 20;
 /// containerd's garbage-collection references from a blob to the blobs it needs.
 const GC_REF: &str = "containerd.io/gc.ref.content";
+
+/// The tar stream of an archive, gzip-compressed or not.
+pub(super) fn tar_stream<'a>(reader: impl Read + 'a) -> Result<Box<dyn Read + 'a>, ImageError> {
+    let mut br = BufReader::with_capacity(64 << 10, reader);
+    let head = br.fill_buf().map_err(ImageError::from_io)?;
+    if head.is_empty() {
+        return Err(ImageError::Archive("the archive is empty".into()));
+    }
+    Ok(if head.starts_with(&[0x1f, 0x8b]) {
+        Box::new(flate2::read::GzDecoder::new(br))
+    } else {
+        Box::new(br)
+    })
+}
 
 /// What an import did.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -64,11 +74,9 @@ pub(super) struct Run<'a> {
     pub space: &'a (dyn Fn(u64) -> Result<(), ImageError> + Sync),
     blobs: HashMap<String, Blob>,
     links: HashMap<String, String>,
-    /// What `blobs` and `links` cost, bounded.
-    names: Names,
+    /// Decides each entry (and holds the stream to a declaration, if any).
+    judge: Judge,
     meta: HashMap<String, Vec<u8>>,
-    /// The declaration the stream is held to, if any.
-    ledger: Option<super::declare::Ledger>,
     /// The ingest being written, to abort when the import fails.
     pub current: Option<String>,
     n: usize,
@@ -90,10 +98,9 @@ impl<'a> Run<'a> {
             cd,
             lease,
             space,
-            ledger,
+            judge: Judge::new(ledger),
             blobs: HashMap::new(),
             links: HashMap::new(),
-            names: Names::default(),
             meta: HashMap::new(),
             current: None,
             n: 0,
@@ -105,55 +112,18 @@ impl<'a> Run<'a> {
 
     /// Reads the whole archive (gzip or not) and writes its blobs.
     pub fn walk(&mut self, reader: impl Read) -> Result<(), ImageError> {
-        let mut br = BufReader::with_capacity(64 << 10, reader);
-        let head = br.fill_buf().map_err(ImageError::Input)?;
-        if head.is_empty() {
-            return Err(ImageError::Archive("the archive is empty".into()));
-        }
-        let inner: Box<dyn Read> = if head.starts_with(&[0x1f, 0x8b]) {
-            Box::new(flate2::read::GzDecoder::new(br))
-        } else {
-            Box::new(br)
-        };
-        let mut tr = TarReader::new(Streamed(inner));
+        let mut tr = TarReader::new(Streamed(tar_stream(reader)?));
         let mut any = false;
         while let Some(h) = tr.next_entry()? {
             any = true;
-            let path = clean(&String::from_utf8_lossy(&h.path))?;
             let size = h.size;
-            match h.kind {
-                Kind::Symlink | Kind::HardLink => {
-                    // docker save links a layer that two images share.
-                    if let Some(target) = &h.link {
-                        let target = String::from_utf8_lossy(target);
-                        let base = if h.kind == Kind::Symlink {
-                            path.rsplit_once('/').map_or("", |(d, _)| d)
-                        } else {
-                            ""
-                        };
-                        let target = clean(&format!("{base}/{target}"))?;
-                        self.names
-                            .take(&path, Some(&target))
-                            .map_err(ImageError::Limit)?;
-                        self.links.insert(path, target);
-                    }
-                    continue;
+            match self.judge.judge(&h)? {
+                Step::Skip => {}
+                Step::Link { path, target } => {
+                    self.links.insert(path, target);
                 }
-                Kind::File => {}
-                Kind::Dir | Kind::Other => {
-                    check_unused(&path, size).map_err(ImageError::Limit)?;
-                    continue;
-                }
-            }
-            match classify(&path)? {
-                Entry::Skip => check_unused(&path, size).map_err(ImageError::Limit)?,
-                Entry::Meta => {
-                    if size > MAX_JSON as u64 {
-                        return Err(ImageError::Limit(format!(
-                            "{path} is {size} bytes; the most accepted is {MAX_JSON} bytes"
-                        )));
-                    }
-                    // Bounded above: at most MAX_JSON.
+                Step::Meta { path } => {
+                    // Bounded above by the judge: at most MAX_JSON.
                     let mut buf = vec![0u8; size as usize];
                     let n = read_full(&mut tr.data(), &mut buf).map_err(ImageError::from_io)?;
                     if n as u64 != size {
@@ -165,13 +135,8 @@ impl<'a> Run<'a> {
                     }
                     self.meta.insert(path, buf);
                 }
-                Entry::Blob(expected) => {
-                    if let Some(l) = &mut self.ledger {
-                        l.admit(&path, expected.as_deref(), size)
-                            .map_err(ImageError::Undeclared)?;
-                    }
-                    self.names.take(&path, None).map_err(ImageError::Limit)?;
-                    let blob = self.put(&mut tr.data(), size, expected.as_deref(), &path)?;
+                Step::Blob { path, digest } => {
+                    let blob = self.put(&mut tr.data(), size, digest.as_deref(), &path)?;
                     self.blobs.insert(path, blob);
                 }
             }
@@ -317,20 +282,7 @@ impl<'a> Run<'a> {
 
     /// The blob at `path`, following the archive's links.
     fn blob_at(&self, path: &str) -> Result<&Blob, ImageError> {
-        let mut p = clean(path)?;
-        for _ in 0..8 {
-            if let Some(b) = self.blobs.get(&p) {
-                return Ok(b);
-            }
-            match self.links.get(&p) {
-                Some(t) => p = t.clone(),
-                None => break,
-            }
-        }
-        Err(ImageError::Missing {
-            what: format!("archive entry {path}"),
-            digest: String::new(),
-        })
+        resolve(&self.blobs, &self.links, path)
     }
 
     /// Reads a manifest, requires its config and layers, and checks its platform.

@@ -23,6 +23,7 @@ mod entry;
 pub mod gc;
 pub use collect::{fs_use, list, named_images, GcError, GcStats, ImageGc, Listed, PassReport};
 mod import;
+pub mod inspect;
 pub mod oci;
 pub mod policy;
 pub mod reference;

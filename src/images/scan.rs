@@ -121,10 +121,10 @@ fn collect<S: Source>(tr: &mut TarReader<S>, len: Option<u64>) -> Result<Scanned
         }
         match classify(&path).map_err(|e| ScanError::Archive(e.to_string()))? {
             Entry::Meta => {
-                if size > super::import::MAX_JSON as u64 {
+                if size > super::entry::MAX_JSON as u64 {
                     return Err(ScanError::Limit(format!(
                         "{path} is {size} bytes; the most accepted is {} bytes",
-                        super::import::MAX_JSON
+                        super::entry::MAX_JSON
                     )));
                 }
             }
