@@ -115,6 +115,8 @@ pub enum ImageError {
         need: u64,
         free: u64,
         reserve: u64,
+        /// The filesystem's size: an archive that needs more could never fit.
+        capacity: u64,
     },
     #[error("the archive does not match its declaration: {0}")]
     Undeclared(String),
@@ -165,8 +167,13 @@ impl ImageError {
     /// over a limit, refused by policy, for another platform) fail again every time.
     pub fn is_transient(&self) -> bool {
         match self {
-            ImageError::Space { .. }
-            | ImageError::Input(_)
+            ImageError::Space {
+                need,
+                reserve,
+                capacity,
+                ..
+            } => need.saturating_add(*reserve) <= *capacity,
+            ImageError::Input(_)
             | ImageError::Cri(_)
             | ImageError::Store(_)
             | ImageError::Busy { .. } => true,
@@ -299,13 +306,16 @@ impl Importer {
         let reserve = self.config.reserve_bytes;
         let space = move |need: u64| -> Result<(), ImageError> {
             let Some(m) = &mountpoint else { return Ok(()) };
-            match free_bytes(m) {
-                Some(free) if free < need.saturating_add(reserve) => Err(ImageError::Space {
-                    path: m.display().to_string(),
-                    need,
-                    free,
-                    reserve,
-                }),
+            match crate::mountns::fs_stats(m) {
+                Some(fs) if fs.available_bytes < need.saturating_add(reserve) => {
+                    Err(ImageError::Space {
+                        path: m.display().to_string(),
+                        need,
+                        free: fs.available_bytes,
+                        reserve,
+                        capacity: fs.total_bytes,
+                    })
+                }
                 _ => Ok(()),
             }
         };
@@ -518,6 +528,7 @@ mod tests {
                 need: 1,
                 free: 0,
                 reserve: 0,
+                capacity: 100,
             },
             ImageError::from_io(io(std::io::ErrorKind::Other)),
             ImageError::Busy {
@@ -528,6 +539,14 @@ mod tests {
             assert!(e.is_transient(), "{e}");
         }
         for e in [
+            // More than the whole filesystem: it will never fit.
+            ImageError::Space {
+                path: "/".into(),
+                need: 90,
+                free: 0,
+                reserve: 20,
+                capacity: 100,
+            },
             call(tonic::Code::InvalidArgument),
             call(tonic::Code::FailedPrecondition),
             ImageError::from_io(io(std::io::ErrorKind::InvalidData)),
