@@ -52,6 +52,28 @@ pub enum ContainerdError {
 }
 
 impl ContainerdError {
+    /// Whether the call may succeed if made again: containerd away or restarting, out of
+    /// room or time, or a race with its garbage collector; not an argument or a state it
+    /// refuses.
+    pub fn is_transient(&self) -> bool {
+        use tonic::Code;
+        match self {
+            ContainerdError::Call { code, .. } => matches!(
+                code,
+                Code::Unavailable
+                    | Code::DeadlineExceeded
+                    | Code::ResourceExhausted
+                    | Code::Aborted
+                    | Code::Unknown
+                    | Code::Cancelled
+                    | Code::Internal
+                    | Code::NotFound
+            ),
+            ContainerdError::Timeout { .. } | ContainerdError::Write { .. } => true,
+            ContainerdError::Header { .. } => false,
+        }
+    }
+
     pub fn is_not_found(&self) -> bool {
         matches!(
             self,
@@ -398,7 +420,8 @@ impl Containerd {
         })
     }
 
-    /// Names `target` as image `name` (created, or moved when the name exists).
+    /// Names `target` as image `name` (created, or moved when the name exists, keeping the
+    /// labels it had that `labels` does not set).
     pub async fn put_image(
         &self,
         name: &str,
@@ -421,9 +444,13 @@ impl Containerd {
         match Self::call("Images.Create", c.create(r)).await {
             Ok(_) => Ok(()),
             Err(e) if e.is_already_exists() => {
+                // The target and the labels set here, and nothing else: without a mask,
+                // Update replaces every label, and drops the CRI's pin on the sandbox image.
+                let mut paths = vec!["target".to_string()];
+                paths.extend(image.labels.keys().map(|k| format!("labels.{k}")));
                 let msg = images::UpdateImageRequest {
                     image: Some(image),
-                    update_mask: None,
+                    update_mask: Some(edgehub_containerd_api::prost_types::FieldMask { paths }),
                     source_date_epoch: None,
                 };
                 let r = self.req("Images.Update", msg, lease)?;

@@ -364,3 +364,139 @@ async fn a_full_image_filesystem_is_relieved_and_disk_pressure_comes_and_goes() 
         let _ = cri.remove_image(image).await;
     }
 }
+
+/// A cached pod of DaemonSet `owner` at the revision `hash`, running `image`.
+fn pod(owner: &str, hash: &str, image: &str) -> edgehub::store::StoredObject {
+    let raw = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": format!("{owner}-x1"), "namespace": "vehicle",
+            "uid": format!("uid-pod-{owner}"), "resourceVersion": "1",
+            "labels": {"controller-revision-hash": hash},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": owner,
+                "uid": format!("uid-{owner}"), "controller": true}]},
+        "spec": {"nodeName": "gc-node", "containers": [{"name": "app", "image": image}]}
+    });
+    edgehub::store::StoredObject::from_raw(edgehub::object::Kind::Pod, raw.to_string()).unwrap()
+}
+
+/// Issue 31 item 8: after a reboot, between the runtime's removal of a pod's old containers
+/// and its creation of the new ones, no container uses the image the pod is about to run; a
+/// pod two revisions behind its DaemonSet names an "older" image, and the sandbox (pause)
+/// image, which containerd 1.6 does not pin, is named by no revision. Collection under
+/// pressure, told to take all it may, takes neither; it takes an image nothing names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn collection_never_takes_a_cached_pods_image_nor_the_sandbox_image() {
+    use edgehub::images::gc::GcPolicy;
+    use edgehub::object::Kind;
+    use edgehub::store::{Change, OpenMode, Store};
+    use std::sync::Arc;
+
+    let small = small_containerd::SmallContainerd::start().await;
+    let cri = edgehub::cri::CriClient::new(&small.socket);
+    let repo = format!("127.0.0.1:5000/gcpod-{}", std::process::id());
+    let images: Vec<String> = (1..=4).map(|v| format!("{repo}:{v}")).collect();
+    let dir = tempfile::tempdir().unwrap();
+    for (i, image) in images.iter().enumerate() {
+        let d = dir.path().join(format!("img{i}"));
+        std::fs::create_dir_all(&d).unwrap();
+        push(&d, image, &format!("gc pod {i}"));
+        cri.pull_image(image, None).await.unwrap();
+    }
+    // The small containerd's configured sandbox image, pulled as a sandbox start would.
+    let pause = "127.0.0.1:5000/pause:1.0";
+    cri.pull_image(pause, None).await.unwrap();
+
+    let sdir = tempfile::tempdir().unwrap();
+    let store = Arc::new(Store::open(&sdir.path().join("edgehub.db"), OpenMode::Normal).unwrap());
+    // Revisions 1 (older), 2 (previous) and 3 (current) of `app`; the cached pod still at 1.
+    let crs: Vec<Change> = (1..=3)
+        .map(|n| Change::Upsert(cr("app", n, &images[n as usize - 1])))
+        .collect();
+    store.apply(Kind::ControllerRevision, &crs, None).unwrap();
+    store
+        .apply(
+            Kind::Pod,
+            &[Change::Upsert(pod("app", "happ-r1", &images[0]))],
+            None,
+        )
+        .unwrap();
+    let mountpoint = cri.image_fs_mountpoint().await.unwrap().unwrap();
+    let fs = edgehub::images::fs_use(&mountpoint).unwrap();
+    // Over the high threshold, and a low one nothing reaches: all that may go, goes.
+    let policy = GcPolicy {
+        keep_previous: true,
+        high_percent: (fs.percent() - 1) as u8,
+        low_percent: 0,
+    };
+    let (mut gc_task, _) = edgehub::images::ImageGc::new(cri.clone(), store.clone(), policy);
+    let r = gc_task.pass().await.unwrap();
+    let gone: Vec<String> = r.removed.iter().flat_map(|x| x.names.clone()).collect();
+    assert!(
+        gone.contains(&images[3]),
+        "the unnamed image goes (collection ran): {gone:?}"
+    );
+    for (what, image) in [
+        ("the pod's own", &images[0]),
+        ("the sandbox", &pause.to_string()),
+    ] {
+        assert!(
+            cri.image_status(image).await.unwrap().is_some(),
+            "{what} image {image} was kept; removed: {gone:?}"
+        );
+    }
+    for image in &images {
+        let _ = cri.remove_image(image).await;
+    }
+}
+
+/// Issue 31 item 8: naming an image that exists (a side-load of a new build under the same
+/// tag) moves its target and sets edgehub's label, and keeps the labels it did not set (the
+/// CRI's pin on the sandbox image: `Images.Update` without a mask replaced them all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn naming_an_existing_image_keeps_its_other_labels() {
+    use edgehub_containerd_api::types::Descriptor;
+    use std::collections::HashMap;
+
+    let small = small_containerd::SmallContainerd::start().await;
+    let cri = edgehub::cri::CriClient::new(&small.socket);
+    let cd = edgehub::containerd::Containerd::new(&small.socket);
+    let pause = "127.0.0.1:5000/pause:1.0";
+    cri.pull_image(pause, None).await.unwrap();
+    let before = cd.image(pause).await.unwrap().unwrap();
+    let target = before.target.clone().unwrap();
+    let name = format!("127.0.0.1:5000/pinned-{}:1", std::process::id());
+    let pinned = HashMap::from([
+        ("io.cri-containerd.image".to_string(), "managed".to_string()),
+        ("io.cri-containerd.pinned".to_string(), "pinned".to_string()),
+    ]);
+    cd.put_image(&name, target.clone(), pinned, None)
+        .await
+        .unwrap();
+    let managed = HashMap::from([("io.cri-containerd.image".to_string(), "managed".to_string())]);
+    let moved = Descriptor {
+        annotations: HashMap::from([("moved".to_string(), "yes".to_string())]),
+        ..target.clone()
+    };
+    cd.put_image(&name, moved, managed, None).await.unwrap();
+    let after = cd.image(&name).await.unwrap().unwrap();
+    assert_eq!(
+        after
+            .labels
+            .get("io.cri-containerd.pinned")
+            .map(String::as_str),
+        Some("pinned"),
+        "{:?}",
+        after.labels
+    );
+    assert_eq!(
+        after
+            .target
+            .unwrap()
+            .annotations
+            .get("moved")
+            .map(String::as_str),
+        Some("yes"),
+        "the target moved"
+    );
+    cd.delete_image(&name).await.unwrap();
+}

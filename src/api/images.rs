@@ -1,7 +1,8 @@
 //! `POST /v1/images/load`: an image archive streamed in the request body into the importer
 //! ([`crate::images`]). It has its own size limit (`images.max_archive_bytes`) instead of
-//! [`super::MAX_BODY`], and an idle timeout instead of the request deadline: a large archive
-//! over a slow pipe takes as long as it takes, while a client that stops sending is cut off.
+//! [`super::MAX_BODY`], and a pace instead of the request deadline ([`Pace`]): a large
+//! archive over a slow pipe takes as long as it takes, while a client that stops sending, or
+//! trickles (holding the one import slot), is cut off.
 
 use super::{ApiState, Reply};
 use crate::images::{declare, Expected, ImageError, LoadOptions};
@@ -13,8 +14,6 @@ use std::io::Read;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
-/// A client that sends nothing for this long has its import ended.
-pub const IDLE: Duration = Duration::from_secs(60);
 /// How long the rest of a refused upload is read, so the client gets the answer.
 const DRAIN: Duration = Duration::from_secs(60);
 /// Body frames queued ahead of the importer (a frame is at most hyper's read buffer).
@@ -46,6 +45,54 @@ pub fn expected(
         });
     }
     Ok(length.map_or(Expected::Unknown, Expected::Length))
+}
+
+/// The pace an upload must keep: at least `min` bytes, and at least one, in every `window` of
+/// time spent waiting on the client (time the importer keeps it waiting does not count, so a
+/// slow import never cuts a fast client). Pure.
+#[derive(Debug, Clone)]
+pub struct Pace {
+    window: Duration,
+    min: u64,
+    spent: Duration,
+    bytes: u64,
+}
+
+impl Pace {
+    pub fn new(window: Duration, min: u64) -> Pace {
+        Pace {
+            window,
+            min,
+            spent: Duration::ZERO,
+            bytes: 0,
+        }
+    }
+
+    /// How long the client may still take before the current window closes.
+    pub fn left(&self) -> Duration {
+        self.window.saturating_sub(self.spent)
+    }
+
+    /// Counts `waited` on the client and the `bytes` it sent then; `Err` says why it is cut
+    /// when a window closed short.
+    pub fn record(&mut self, waited: Duration, bytes: u64) -> Result<(), String> {
+        self.spent += waited;
+        self.bytes = self.bytes.saturating_add(bytes);
+        if self.spent < self.window {
+            return Ok(());
+        }
+        let (got, secs) = (self.bytes, self.window.as_secs());
+        if got == 0 || got < self.min {
+            return Err(format!(
+                "the client sent {got} bytes in {secs} s, less than the {} KiB every {secs} s \
+                 an upload must send (images.upload_min_kib, images.upload_window_secs)",
+                self.min >> 10
+            ));
+        }
+        self.spent = Duration::ZERO;
+        self.bytes = 0;
+        Ok(())
+    }
 }
 
 /// The request body as the blocking importer reads it.
@@ -113,18 +160,29 @@ pub async fn load(
     });
     let mut body = req.into_body();
     let (mut total, mut cut, mut stopped) = (0u64, None, false);
+    let mut pace = Pace::new(
+        importer.config.upload_window,
+        importer.config.upload_min_bytes,
+    );
+    let idle = importer.config.upload_window;
     loop {
-        let frame = match tokio::time::timeout(IDLE, body.frame()).await {
-            Err(_) => {
-                cut = Some(408);
-                let _ = tx
-                    .send(Err(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        format!("the client sent nothing for {} s", IDLE.as_secs()),
-                    )))
-                    .await;
-                break;
-            }
+        let asked = tokio::time::Instant::now();
+        let polled = tokio::time::timeout(pace.left(), body.frame()).await;
+        let got = match &polled {
+            Ok(Some(Ok(f))) => f.data_ref().map_or(0, |d| d.len() as u64),
+            _ => 0,
+        };
+        if let Err(why) = pace.record(asked.elapsed(), got) {
+            cut = Some(408);
+            tracing::warn!(error = %why, "an image upload is cut off");
+            let _ = tx
+                .send(Err(std::io::Error::new(std::io::ErrorKind::TimedOut, why)))
+                .await;
+            break;
+        }
+        let frame = match polled {
+            // The window closed with enough bytes: a new one starts.
+            Err(_) => continue,
             Ok(None) => break,
             Ok(Some(Err(e))) => {
                 let _ = tx
@@ -160,7 +218,7 @@ pub async fn load(
         // The client is still sending: read the rest (bounded) so it gets the answer rather
         // than a connection reset mid-upload.
         let drain = async {
-            while let Ok(Some(Ok(f))) = tokio::time::timeout(IDLE, body.frame()).await {
+            while let Ok(Some(Ok(f))) = tokio::time::timeout(idle, body.frame()).await {
                 total += f.data_ref().map_or(0, |d| d.len() as u64);
                 if total > limit {
                     break;
@@ -209,6 +267,37 @@ mod tests {
         assert_eq!(declare::format(&blobs), format!("{d}=3,4"));
         h.insert("edgehub-blobs", "x".parse().unwrap());
         assert!(expected(&h, None).is_err());
+    }
+
+    /// Issue 31: a byte a second keeps under any idle timeout, not under a pace.
+    #[test]
+    fn a_trickle_is_cut_at_the_end_of_its_window_and_a_steady_client_is_not() {
+        let s = Duration::from_secs;
+        let mut p = Pace::new(s(60), 1 << 20);
+        for _ in 0..59 {
+            assert!(p.record(s(1), 1).is_ok());
+        }
+        assert_eq!(p.left(), s(1));
+        let e = p.record(s(1), 1).unwrap_err();
+        assert!(
+            e.contains("60 bytes in 60 s") && e.contains("1024 KiB"),
+            "{e}"
+        );
+        // 64 KiB a second: a new window each minute, for as long as it takes.
+        let mut p = Pace::new(s(60), 1 << 20);
+        for _ in 0..600 {
+            assert!(p.record(s(1), 64 << 10).is_ok());
+        }
+        // Nothing at all for a window: cut, even with no minimum.
+        let mut p = Pace::new(s(60), 0);
+        assert!(p.record(s(30), 1).is_ok());
+        assert!(p.record(s(30), 0).is_ok(), "a byte in the window is enough");
+        assert!(p.record(s(60), 0).is_err());
+        // A window that closed with enough bytes while waiting: a new one starts.
+        let mut p = Pace::new(s(10), 100);
+        assert!(p.record(s(2), 100).is_ok());
+        assert!(p.record(p.left(), 0).is_ok());
+        assert_eq!(p.left(), s(10));
     }
 
     #[test]

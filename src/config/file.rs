@@ -43,6 +43,9 @@ pub(super) struct FileImages {
     /// A path, or "none" for no drop directory.
     pub(super) drop_dir: Option<String>,
     pub(super) drop_interval_secs: Option<u64>,
+    pub(super) upload_window_secs: Option<u64>,
+    pub(super) upload_min_kib: Option<u64>,
+    pub(super) import_wait_secs: Option<u64>,
     pub(super) gc_keep_previous: Option<bool>,
     pub(super) gc_high_percent: Option<u64>,
     pub(super) gc_low_percent: Option<u64>,

@@ -446,6 +446,27 @@ pub(super) fn images(
         1,
         86_400,
     )?);
+    images.upload_window = Duration::from_secs(between(
+        "images.upload_window_secs",
+        im.upload_window_secs,
+        images.upload_window.as_secs(),
+        1,
+        3_600,
+    )?);
+    images.upload_min_bytes = between(
+        "images.upload_min_kib",
+        im.upload_min_kib,
+        images.upload_min_bytes >> 10,
+        0,
+        1 << 20,
+    )? << 10;
+    images.import_wait = Duration::from_secs(between(
+        "images.import_wait_secs",
+        im.import_wait_secs,
+        images.import_wait.as_secs(),
+        1,
+        86_400,
+    )?);
     Ok(images)
 }
 

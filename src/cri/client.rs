@@ -107,6 +107,18 @@ impl CriClient {
         Ok(r.image_filesystems)
     }
 
+    /// The runtime's sandbox (pause) image, from its verbose `Status` (containerd's
+    /// configuration); `None` when the runtime does not say.
+    pub async fn sandbox_image(&self) -> Result<Option<String>, CriError> {
+        let mut c = self.runtime.clone();
+        let r = self
+            .call("Status", CALL, || {
+                c.status(req(api::StatusRequest { verbose: true }, CALL))
+            })
+            .await?;
+        Ok(super::sandbox_image_from_info(&r.info))
+    }
+
     /// The pid of a sandbox's process (the pause container, whose namespaces the pod's
     /// containers join), from the runtime's verbose `PodSandboxStatus` (containerd: `pid` in
     /// the `info` JSON); `None` when the runtime does not say.

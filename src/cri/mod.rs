@@ -78,6 +78,35 @@ pub fn sandbox_info_pid(info: &HashMap<String, String>) -> Option<u32> {
         .filter(|p| *p > 0)
 }
 
+/// The sandbox (pause) image in a verbose `Status`'s `info`: containerd 1.x's configuration
+/// has `sandboxImage`, 2.x's `pinnedImages.sandbox`; looked for in every JSON document of
+/// `info`, a few levels deep; pure.
+pub fn sandbox_image_from_info(info: &HashMap<String, String>) -> Option<String> {
+    fn find(v: &serde_json::Value, depth: u8) -> Option<String> {
+        let o = v.as_object()?;
+        if let Some(s) = o.get("sandboxImage").and_then(|s| s.as_str()) {
+            return Some(s.to_string()).filter(|s| !s.is_empty());
+        }
+        if let Some(s) = o
+            .get("pinnedImages")
+            .and_then(|p| p.get("sandbox"))
+            .and_then(|s| s.as_str())
+        {
+            return Some(s.to_string()).filter(|s| !s.is_empty());
+        }
+        if depth == 0 {
+            return None;
+        }
+        o.values().find_map(|v| find(v, depth - 1))
+    }
+    let mut keys: Vec<&String> = info.keys().collect();
+    keys.sort();
+    keys.into_iter().find_map(|k| {
+        let doc: serde_json::Value = serde_json::from_str(&info[k]).ok()?;
+        find(&doc, 4)
+    })
+}
+
 /// What edgehub needs from a container runtime.
 pub trait CriRuntime: Send + Sync {
     fn version(&self) -> impl Future<Output = Result<api::VersionResponse, CriError>> + Send;
@@ -172,5 +201,29 @@ mod tests {
         assert_eq!(sandbox_info_pid(&info(r#"{"pid":0}"#)), None);
         assert_eq!(sandbox_info_pid(&info("not json")), None);
         assert_eq!(sandbox_info_pid(&HashMap::new()), None);
+    }
+
+    #[test]
+    fn the_sandbox_image_from_the_runtimes_verbose_status() {
+        let info = |k: &str, v: &str| HashMap::from([(k.to_string(), v.to_string())]);
+        // containerd 1.6/1.7: the CRI plugin's configuration.
+        let v1 = r#"{"containerd":{"snapshotter":"overlayfs"},"sandboxImage":"registry.k8s.io/pause:3.6","cni":{}}"#;
+        assert_eq!(
+            sandbox_image_from_info(&info("config", v1)).as_deref(),
+            Some("registry.k8s.io/pause:3.6")
+        );
+        // containerd 2.x: the pinned images of the image service's configuration.
+        let v2 =
+            r#"{"runtime":{},"images":{"pinnedImages":{"sandbox":"registry.k8s.io/pause:3.10"}}}"#;
+        assert_eq!(
+            sandbox_image_from_info(&info("imageConfig", v2)).as_deref(),
+            Some("registry.k8s.io/pause:3.10")
+        );
+        assert_eq!(
+            sandbox_image_from_info(&info("config", r#"{"sandboxImage":""}"#)),
+            None
+        );
+        assert_eq!(sandbox_image_from_info(&info("config", "not json")), None);
+        assert_eq!(sandbox_image_from_info(&HashMap::new()), None);
     }
 }

@@ -1,7 +1,7 @@
 //! Image garbage collection's I/O, around the pure plan in [`super::gc`]: what the CRI lists
-//! (images, containers, the image filesystem), what the cache names (each DaemonSet's current
-//! and previous revision, every active upgrade's two revisions), the removals, and the
-//! pressure state the Node reports.
+//! (images, containers, the image filesystem, the sandbox image), what the cache names (each
+//! DaemonSet's current and previous revision, every active upgrade's two revisions, what each
+//! cached pod runs), the removals, and the pressure state the Node reports.
 //!
 //! It runs as a task of its own, woken by the store's changes and by a period: after an
 //! upgrade commits (a `Done` upgrade newer than the last one it ran after; on the first pass,
@@ -147,7 +147,23 @@ impl ImageGc {
             .filter(|i| in_use.contains(&i.id) || i.names.iter().any(|n| in_use.contains(n)))
             .map(|i| i.id.clone())
             .collect();
-        let named = named_images(&self.store)?;
+        let mut named = named_images(&self.store)?;
+        // The sandbox image by the runtime's own configuration; a runtime that does not say
+        // leaves it to the pin.
+        match self.cri.sandbox_image().await {
+            Ok(Some(s)) => match Reference::parse(&s) {
+                Ok(reference) => named.push(Named {
+                    reference,
+                    role: Role::Sandbox,
+                    by: "the runtime's sandbox image".into(),
+                }),
+                Err(e) => {
+                    tracing::warn!(image = %s, error = %e, "the runtime's sandbox image does not parse")
+                }
+            },
+            Ok(None) => {}
+            Err(e) => return Err(e.into()),
+        }
         Ok((images, in_use, named))
     }
 
@@ -358,6 +374,36 @@ pub fn named_images(store: &Store) -> Result<Vec<Named>, StoreError> {
             }
         }
     }
+    // What each cached pod runs, or is about to: its spec as the device runs it (a committed
+    // revision the cloud has not heard of yet included), and its own revision's template.
+    let running: HashMap<String, crate::store::RunningRevision> = store
+        .running_revisions()?
+        .into_iter()
+        .map(|r| (r.pod_uid.clone(), r))
+        .collect();
+    for obj in store.list(Kind::Pod)? {
+        let Ok(mut pod) = serde_json::from_str::<Value>(&obj.raw) else {
+            continue;
+        };
+        crate::pod::desired::as_running(&mut pod, running.get(&obj.index.uid));
+        let by = format!("{}/{}", obj.index.namespace, obj.index.name);
+        let spec = pod.get("spec").cloned().unwrap_or(Value::Null);
+        let mut refs = template_images(&serde_json::json!({ "spec": spec }));
+        if let Some(hash) = crate::revision::pod_hash(&pod) {
+            for (ns, rev) in &all {
+                if *ns == obj.index.namespace && rev.hash == hash {
+                    refs.extend(template_images(&rev.template));
+                }
+            }
+        }
+        for reference in refs {
+            out.push(Named {
+                reference,
+                role: Role::Pod,
+                by: by.clone(),
+            });
+        }
+    }
     Ok(out)
 }
 
@@ -398,6 +444,8 @@ pub async fn list(
                             Role::Previous => "previous",
                             Role::Current => "current",
                             Role::Upgrade => "upgrade",
+                            Role::Pod => "pod",
+                            Role::Sandbox => "sandbox",
                         },
                         by.clone(),
                     ),

@@ -10,8 +10,11 @@
 //!   fuller than `high_percent`, unused images go, oldest first, until it is down to
 //!   `low_percent`: first the ones only older revisions name, then the ones nothing names,
 //!   then the previous revisions'. The current revisions' (a pre-pulled or side-loaded target),
-//!   an active upgrade's (its target and its rollback) and the pinned ones (containerd pins the
-//!   sandbox image) never go, so a full flash cannot take the image a rollback needs.
+//!   an active upgrade's (its target and its rollback) and the pinned ones never go, so a full
+//!   flash cannot take the image a rollback needs.
+//!
+//! On both occasions, what a cached pod runs or is about to run (its own revision's images,
+//! whether or not a container exists) and the runtime's sandbox image never go.
 //!
 //! The I/O (the CRI's `ListImages`, `ListContainers`, `ImageFsInfo`, `RemoveImage`, the cached
 //! revisions) is in the images module.
@@ -67,6 +70,14 @@ pub enum Role {
     Current,
     /// The target or the rollback image of an upgrade that has not ended.
     Upgrade,
+    /// What a cached pod runs, or is about to (its spec as the device runs it, and its own
+    /// revision's template), whatever containers exist: the runtime removes a pod's old
+    /// containers before it creates the new ones, and its image must be there between the
+    /// two, however old its revision.
+    Pod,
+    /// The runtime's sandbox (pause) image: every pod start needs it, and containerd 1.6
+    /// does not pin it.
+    Sandbox,
 }
 
 /// An image reference a revision or an upgrade names, and why.
@@ -319,6 +330,55 @@ mod tests {
         assert_eq!(
             ids(&after_commit(&images, &in_use, &named, &no_keep)),
             ["a", "b", "c"]
+        );
+    }
+
+    /// Issue 31: with no container left (the runtime removed a pod's old containers and has
+    /// not created the new ones), a pod two revisions behind still has its image, and the
+    /// sandbox image, pinned or not, stays.
+    #[test]
+    fn what_a_cached_pod_runs_and_the_sandbox_image_never_go() {
+        let images = vec![
+            img("old", "docker.io/library/app:1", 10, 1),
+            img("prev", "docker.io/library/app:2", 10, 2),
+            img("pause", "registry.k8s.io/pause:3.9", 1, 0),
+        ];
+        let named = vec![
+            named("app:3", Role::Current),
+            named("app:2", Role::Previous),
+            named("app:1", Role::Old),
+            Named {
+                by: "vehicle/app-x1".into(),
+                ..named("app:1", Role::Pod)
+            },
+            named("registry.k8s.io/pause:3.9", Role::Sandbox),
+        ];
+        let none = HashSet::new();
+        let p = GcPolicy {
+            keep_previous: false,
+            ..GcPolicy::default()
+        };
+        assert_eq!(ids(&after_commit(&images, &none, &named, &p)), ["prev"]);
+        let full = FsUse {
+            used_bytes: 100,
+            capacity_bytes: 100,
+        };
+        let all = GcPolicy {
+            low_percent: 0,
+            ..p
+        };
+        assert_eq!(
+            ids(&under_pressure_removals(
+                &images, &none, &named, &full, &all
+            )),
+            ["prev"]
+        );
+        assert_eq!(
+            fate(&images[0], &none, &named),
+            Fate::Named {
+                role: Role::Pod,
+                by: vec!["ns/app:1".into(), "vehicle/app-x1".into()]
+            }
         );
     }
 

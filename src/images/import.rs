@@ -3,10 +3,12 @@
 //! hashed; the device's platform) and named in the images service. Runs on a blocking
 //! thread, reading the archive as a stream and never holding more than a chunk of a blob.
 
-use super::entry::{classify, clean, read_full, sha256_hex, Entry};
+pub use super::entry::MAX_JSON;
+use super::entry::{read_full, resolve, sha256_hex, Judge, Step};
 use super::oci::{self, Descriptor};
 use super::policy::{self, Offer, Verdict, Wanted};
 use super::reference::Reference;
+use super::tarstream::{Streamed, TarReader};
 use super::ImageError;
 use crate::containerd::Containerd;
 use edgehub_containerd_api::types::Descriptor as CdDescriptor;
@@ -16,10 +18,22 @@ use tokio::runtime::Handle;
 
 /// The bytes of a blob sent to containerd in one message.
 pub const CHUNK: usize = 256 << 10;
-/// The largest JSON document read whole (index.json, manifest.json, manifests, configs).
-pub const MAX_JSON: usize = 4 << 20;
 /// containerd's garbage-collection references from a blob to the blobs it needs.
 const GC_REF: &str = "containerd.io/gc.ref.content";
+
+/// The tar stream of an archive, gzip-compressed or not.
+pub(super) fn tar_stream<'a>(reader: impl Read + 'a) -> Result<Box<dyn Read + 'a>, ImageError> {
+    let mut br = BufReader::with_capacity(64 << 10, reader);
+    let head = br.fill_buf().map_err(ImageError::from_io)?;
+    if head.is_empty() {
+        return Err(ImageError::Archive("the archive is empty".into()));
+    }
+    Ok(if head.starts_with(&[0x1f, 0x8b]) {
+        Box::new(flate2::read::GzDecoder::new(br))
+    } else {
+        Box::new(br)
+    })
+}
 
 /// What an import did.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -60,9 +74,9 @@ pub(super) struct Run<'a> {
     pub space: &'a (dyn Fn(u64) -> Result<(), ImageError> + Sync),
     blobs: HashMap<String, Blob>,
     links: HashMap<String, String>,
+    /// Decides each entry (and holds the stream to a declaration, if any).
+    judge: Judge,
     meta: HashMap<String, Vec<u8>>,
-    /// The declaration the stream is held to, if any.
-    ledger: Option<super::declare::Ledger>,
     /// The ingest being written, to abort when the import fails.
     pub current: Option<String>,
     n: usize,
@@ -84,7 +98,7 @@ impl<'a> Run<'a> {
             cd,
             lease,
             space,
-            ledger,
+            judge: Judge::new(ledger),
             blobs: HashMap::new(),
             links: HashMap::new(),
             meta: HashMap::new(),
@@ -98,68 +112,37 @@ impl<'a> Run<'a> {
 
     /// Reads the whole archive (gzip or not) and writes its blobs.
     pub fn walk(&mut self, reader: impl Read) -> Result<(), ImageError> {
-        let mut br = BufReader::with_capacity(64 << 10, reader);
-        let head = br.fill_buf().map_err(ImageError::Input)?;
-        if head.is_empty() {
-            return Err(ImageError::Archive("the archive is empty".into()));
-        }
-        let inner: Box<dyn Read> = if head.starts_with(&[0x1f, 0x8b]) {
-            Box::new(flate2::read::GzDecoder::new(br))
-        } else {
-            Box::new(br)
-        };
-        let mut ar = tar::Archive::new(inner);
-        let bad = |e: std::io::Error| ImageError::Archive(format!("reading the archive: {e}"));
-        for e in ar.entries().map_err(bad)? {
-            let mut e = e.map_err(bad)?;
-            let raw = String::from_utf8_lossy(&e.path_bytes()).into_owned();
-            let path = clean(&raw)?;
-            let ty = e.header().entry_type();
-            if ty.is_symlink() || ty.is_hard_link() {
-                // docker save links a layer that two images share.
-                if let Some(target) = e.link_name_bytes() {
-                    let target = String::from_utf8_lossy(&target).into_owned();
-                    let base = if ty.is_symlink() {
-                        path.rsplit_once('/').map_or("", |(d, _)| d).to_string()
-                    } else {
-                        String::new()
-                    };
-                    self.links.insert(path, clean(&format!("{base}/{target}"))?);
+        let mut tr = TarReader::new(Streamed(tar_stream(reader)?));
+        let mut any = false;
+        while let Some(h) = tr.next_entry()? {
+            any = true;
+            let size = h.size;
+            match self.judge.judge(&h)? {
+                Step::Skip => {}
+                Step::Link { path, target } => {
+                    self.links.insert(path, target);
                 }
-                continue;
-            }
-            if !ty.is_file() {
-                continue;
-            }
-            let size = e.size();
-            match classify(&path)? {
-                Entry::Skip => {}
-                Entry::Meta => {
-                    if size > MAX_JSON as u64 {
-                        return Err(ImageError::Archive(format!(
-                            "{path} is larger than {MAX_JSON} bytes"
-                        )));
-                    }
-                    let mut buf = Vec::with_capacity(size as usize);
-                    e.read_to_end(&mut buf).map_err(bad)?;
-                    if buf.len() as u64 != size {
+                Step::Meta { path } => {
+                    // Bounded above by the judge: at most MAX_JSON.
+                    let mut buf = vec![0u8; size as usize];
+                    let n = read_full(&mut tr.data(), &mut buf).map_err(ImageError::from_io)?;
+                    if n as u64 != size {
                         return Err(ImageError::Truncated {
                             path,
-                            got: buf.len() as u64,
+                            got: n as u64,
                             want: size,
                         });
                     }
                     self.meta.insert(path, buf);
                 }
-                Entry::Blob(expected) => {
-                    if let Some(l) = &mut self.ledger {
-                        l.admit(&path, expected.as_deref(), size)
-                            .map_err(ImageError::Undeclared)?;
-                    }
-                    let blob = self.put(&mut e, size, expected.as_deref(), &path)?;
+                Step::Blob { path, digest } => {
+                    let blob = self.put(&mut tr.data(), size, digest.as_deref(), &path)?;
                     self.blobs.insert(path, blob);
                 }
             }
+        }
+        if !any {
+            return Err(ImageError::Archive("the archive has no entries".into()));
         }
         Ok(())
     }
@@ -195,7 +178,7 @@ impl<'a> Run<'a> {
         let (mut total, mut gzip) = (0u64, false);
         loop {
             let mut buf = vec![0u8; CHUNK];
-            let n = read_full(r, &mut buf).map_err(ImageError::Input)?;
+            let n = read_full(r, &mut buf).map_err(ImageError::from_io)?;
             if n == 0 {
                 break;
             }
@@ -285,26 +268,21 @@ impl<'a> Run<'a> {
         }
     }
 
-    fn read_json(&self, digest: &str) -> Result<Vec<u8>, ImageError> {
+    /// A JSON blob of the store, of `size` bytes as its descriptor says (and [`Self::require`]
+    /// checked), refused unread when larger than [`MAX_JSON`].
+    fn read_json(&self, digest: &str, size: i64) -> Result<Vec<u8>, ImageError> {
+        if size > MAX_JSON as i64 {
+            return Err(ImageError::Limit(format!(
+                "{digest} is {size} bytes; the most accepted for a manifest, an index or a \
+                 config is {MAX_JSON} bytes"
+            )));
+        }
         Ok(self.rt.block_on(self.cd.read(digest, MAX_JSON))?)
     }
 
     /// The blob at `path`, following the archive's links.
     fn blob_at(&self, path: &str) -> Result<&Blob, ImageError> {
-        let mut p = clean(path)?;
-        for _ in 0..8 {
-            if let Some(b) = self.blobs.get(&p) {
-                return Ok(b);
-            }
-            match self.links.get(&p) {
-                Some(t) => p = t.clone(),
-                None => break,
-            }
-        }
-        Err(ImageError::Missing {
-            what: format!("archive entry {path}"),
-            digest: String::new(),
-        })
+        resolve(&self.blobs, &self.links, path)
     }
 
     /// Reads a manifest, requires its config and layers, and checks its platform.
@@ -313,12 +291,15 @@ impl<'a> Run<'a> {
         d: &Descriptor,
         device: &oci::Platform,
     ) -> Result<oci::Manifest, ImageError> {
-        let m = oci::parse_manifest(&d.digest, &self.read_json(&d.digest)?)?;
+        let m = oci::parse_manifest(&d.digest, &self.read_json(&d.digest, d.size)?)?;
         self.require(&m.config, "config")?;
         for l in &m.layers {
             self.require(l, "layer")?;
         }
-        let config = oci::parse_config(&m.config.digest, &self.read_json(&m.config.digest)?)?;
+        let config = oci::parse_config(
+            &m.config.digest,
+            &self.read_json(&m.config.digest, m.config.size)?,
+        )?;
         if !oci::runs_on(&config.platform(), device) {
             return Err(ImageError::Platform(format!(
                 "image {} is for {}, this device is {device}",
@@ -349,7 +330,7 @@ impl<'a> Run<'a> {
             self.require(top, "manifest")?;
             let mut labels = Vec::new();
             let chosen = if top.is_index() {
-                let inner = oci::parse_index(&top.digest, &self.read_json(&top.digest)?)?;
+                let inner = oci::parse_index(&top.digest, &self.read_json(&top.digest, top.size)?)?;
                 let Some(m) = oci::pick_platform(&inner, device).cloned() else {
                     let have: Vec<String> = inner
                         .manifests
@@ -404,7 +385,7 @@ impl<'a> Run<'a> {
         let mut out = Vec::new();
         for img in images {
             let cfg = self.blob_at(&img.config)?.clone();
-            let config = oci::parse_config(&img.config, &self.read_json(&cfg.digest)?)?;
+            let config = oci::parse_config(&img.config, &self.read_json(&cfg.digest, cfg.size)?)?;
             if !oci::runs_on(&config.platform(), device) {
                 return Err(ImageError::Platform(format!(
                     "image {} is for {}, this device is {device}",

@@ -23,10 +23,12 @@ mod entry;
 pub mod gc;
 pub use collect::{fs_use, list, named_images, GcError, GcStats, ImageGc, Listed, PassReport};
 mod import;
+pub mod inspect;
 pub mod oci;
 pub mod policy;
 pub mod reference;
 pub mod scan;
+pub mod tarstream;
 
 pub use import::{Loaded, CHUNK};
 
@@ -60,6 +62,14 @@ pub struct ImagesConfig {
     /// How often image garbage collection looks at the image filesystem, besides after each
     /// commit.
     pub gc_interval: Duration,
+    /// An upload through the local API must send at least `upload_min_bytes` (and at least
+    /// one byte) in every `upload_window` of time spent waiting on it; one that does not is
+    /// cut (408). Time the import spends on its own is not counted.
+    pub upload_window: Duration,
+    pub upload_min_bytes: u64,
+    /// How long an import waits for the one running before it to end, before it gives up
+    /// (503; the drop directory tries again later).
+    pub import_wait: Duration,
 }
 
 impl ImagesConfig {
@@ -73,6 +83,10 @@ impl ImagesConfig {
             gc: gc::GcPolicy::default(),
             // The kubelet's image manager looks every 5 minutes; a small flash fills faster.
             gc_interval: Duration::from_secs(60),
+            // 1 MiB a minute (17 KiB/s): a cellular link does better, a trickle does not.
+            upload_window: Duration::from_secs(60),
+            upload_min_bytes: 1 << 20,
+            import_wait: Duration::from_secs(600),
         }
     }
 }
@@ -101,11 +115,17 @@ pub enum ImageError {
         need: u64,
         free: u64,
         reserve: u64,
+        /// The filesystem's size: an archive that needs more could never fit.
+        capacity: u64,
     },
     #[error("the archive does not match its declaration: {0}")]
     Undeclared(String),
     #[error("the archive is larger than the {limit} bytes accepted (images.max_archive_bytes)")]
     TooLarge { limit: u64 },
+    #[error("over a limit: {0}")]
+    Limit(String),
+    #[error("another image import has run for {held_secs} s; waited {waited_secs} s for it to end (try again later)")]
+    Busy { held_secs: u64, waited_secs: u64 },
     #[error("reading the archive: {0}")]
     Input(#[source] std::io::Error),
     #[error(transparent)]
@@ -118,14 +138,66 @@ pub enum ImageError {
     Json(#[from] oci::JsonError),
 }
 
+impl From<tarstream::TarError> for ImageError {
+    fn from(e: tarstream::TarError) -> ImageError {
+        match e {
+            tarstream::TarError::Limit(m) => ImageError::Limit(m),
+            tarstream::TarError::Io(e) => ImageError::from_io(e),
+            other => ImageError::Archive(other.to_string()),
+        }
+    }
+}
+
 impl ImageError {
+    /// An error reading the archive: a corrupt or cut-off stream (gzip's and the tar
+    /// reader's errors) is the archive's fault; anything else is the input's (a client that
+    /// stopped sending, a disk that failed).
+    pub fn from_io(e: std::io::Error) -> ImageError {
+        use std::io::ErrorKind::{InvalidData, InvalidInput, UnexpectedEof};
+        match e.kind() {
+            InvalidData | InvalidInput | UnexpectedEof => {
+                ImageError::Archive(format!("reading the archive: {e}"))
+            }
+            _ => ImageError::Input(e),
+        }
+    }
+
+    /// Whether the error may pass by itself (the runtime restarting, no room yet, an I/O
+    /// error), so the same archive is worth trying again; the rest (a corrupt archive, one
+    /// over a limit, refused by policy, for another platform) fail again every time.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ImageError::Space {
+                need,
+                reserve,
+                capacity,
+                ..
+            } => need.saturating_add(*reserve) <= *capacity,
+            ImageError::Input(_)
+            | ImageError::Cri(_)
+            | ImageError::Store(_)
+            | ImageError::Busy { .. } => true,
+            ImageError::Containerd(e) => e.is_transient(),
+            ImageError::Archive(_)
+            | ImageError::Truncated { .. }
+            | ImageError::Digest { .. }
+            | ImageError::Missing { .. }
+            | ImageError::Platform(_)
+            | ImageError::Refused(_)
+            | ImageError::Undeclared(_)
+            | ImageError::TooLarge { .. }
+            | ImageError::Limit(_)
+            | ImageError::Json(_) => false,
+        }
+    }
+
     /// The local API's status for this error.
     pub fn http_status(&self) -> u16 {
         match self {
             ImageError::Refused(_) => 403,
             ImageError::TooLarge { .. } => 413,
             ImageError::Space { .. } => 507,
-            ImageError::Containerd(_) | ImageError::Cri(_) => 503,
+            ImageError::Containerd(_) | ImageError::Cri(_) | ImageError::Busy { .. } => 503,
             ImageError::Store(_) => 500,
             _ => 400,
         }
@@ -177,14 +249,18 @@ const LEASE_LABEL: &str = "edgehub.io/import";
 /// A lease outlives a dead edgehub by this much at most (containerd's `gc.expire`).
 const LEASE_EXPIRY: Duration = Duration::from_secs(3600);
 
-/// Imports archives into containerd. One import runs at a time; others wait.
+/// Imports archives into containerd. One import runs at a time; others wait for it, for
+/// `import_wait` at most.
 pub struct Importer {
     pub containerd: Containerd,
     pub cri: CriClient,
     pub store: Arc<Store>,
     pub config: ImagesConfig,
     pub node_name: String,
-    one: std::sync::Mutex<()>,
+    /// The one import running holds it.
+    one: tokio::sync::Mutex<()>,
+    /// When the import holding `one` started, for a waiting one's message.
+    since: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl Importer {
@@ -200,7 +276,8 @@ impl Importer {
             store,
             config,
             node_name: node_name.to_string(),
-            one: std::sync::Mutex::new(()),
+            one: tokio::sync::Mutex::new(()),
+            since: std::sync::Mutex::new(None),
         }
     }
 
@@ -213,20 +290,32 @@ impl Importer {
         expected: Expected,
         opts: LoadOptions,
     ) -> Result<Loaded, ImageError> {
-        // Poisoned only if an import panicked; the lock still only orders imports.
-        let _one = self.one.lock().unwrap_or_else(|p| p.into_inner());
+        let asked = std::time::Instant::now();
+        let wait = self.config.import_wait;
+        let Ok(_one) = rt.block_on(tokio::time::timeout(wait, self.one.lock())) else {
+            // Poisoned only if an import panicked; it is only a timestamp.
+            let since = *self.since.lock().unwrap_or_else(|p| p.into_inner());
+            return Err(ImageError::Busy {
+                held_secs: since.map_or(0, |s| s.elapsed().as_secs()),
+                waited_secs: asked.elapsed().as_secs(),
+            });
+        };
+        *self.since.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
         let wanted = wanted_images(&self.store)?;
         let mountpoint = rt.block_on(self.cri.image_fs_mountpoint())?;
         let reserve = self.config.reserve_bytes;
         let space = move |need: u64| -> Result<(), ImageError> {
             let Some(m) = &mountpoint else { return Ok(()) };
-            match free_bytes(m) {
-                Some(free) if free < need.saturating_add(reserve) => Err(ImageError::Space {
-                    path: m.display().to_string(),
-                    need,
-                    free,
-                    reserve,
-                }),
+            match crate::mountns::fs_stats(m) {
+                Some(fs) if fs.available_bytes < need.saturating_add(reserve) => {
+                    Err(ImageError::Space {
+                        path: m.display().to_string(),
+                        need,
+                        free: fs.available_bytes,
+                        reserve,
+                        capacity: fs.total_bytes,
+                    })
+                }
                 _ => Ok(()),
             }
         };
@@ -409,4 +498,69 @@ pub fn wanted_images(store: &Store) -> Result<Vec<Wanted>, StoreError> {
 /// Bytes an unprivileged writer may still use on the filesystem holding `path`.
 pub fn free_bytes(path: &std::path::Path) -> Option<u64> {
     crate::mountns::fs_stats(path).map(|s| s.available_bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 31: the drop directory parks only what fails every time.
+    #[test]
+    fn only_a_fault_that_may_pass_is_transient() {
+        let call = |code| {
+            ImageError::Containerd(ContainerdError::Call {
+                method: "Content.Write",
+                code,
+                message: String::new(),
+            })
+        };
+        let io = |kind| std::io::Error::new(kind, "x");
+        for e in [
+            call(tonic::Code::Unavailable),
+            call(tonic::Code::ResourceExhausted),
+            call(tonic::Code::Unknown),
+            ImageError::Containerd(ContainerdError::Timeout {
+                method: "Content.Info",
+                timeout: Duration::from_secs(30),
+            }),
+            ImageError::Space {
+                path: "/".into(),
+                need: 1,
+                free: 0,
+                reserve: 0,
+                capacity: 100,
+            },
+            ImageError::from_io(io(std::io::ErrorKind::Other)),
+            ImageError::Busy {
+                held_secs: 1,
+                waited_secs: 1,
+            },
+        ] {
+            assert!(e.is_transient(), "{e}");
+        }
+        for e in [
+            // More than the whole filesystem: it will never fit.
+            ImageError::Space {
+                path: "/".into(),
+                need: 90,
+                free: 0,
+                reserve: 20,
+                capacity: 100,
+            },
+            call(tonic::Code::InvalidArgument),
+            call(tonic::Code::FailedPrecondition),
+            ImageError::from_io(io(std::io::ErrorKind::InvalidData)),
+            ImageError::from_io(io(std::io::ErrorKind::UnexpectedEof)),
+            ImageError::Archive("x".into()),
+            ImageError::Limit("x".into()),
+            ImageError::Refused("x".into()),
+            ImageError::Platform("x".into()),
+            ImageError::Missing {
+                what: "layer".into(),
+                digest: "sha256:x".into(),
+            },
+        ] {
+            assert!(!e.is_transient(), "{e}");
+        }
+    }
 }

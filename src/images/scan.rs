@@ -8,7 +8,8 @@
 //! config); docker save's `layer.tar` files have no digest until they are hashed, so they are
 //! listed by size alone.
 
-use super::entry::{classify, clean, read_full, Entry};
+use super::entry::{check_unused, classify, clean, read_full, Entry, Names};
+use super::tarstream::{Kind, Seeked, Source, Streamed, TarError, TarReader};
 use std::collections::HashSet;
 use std::io::{BufReader, Read, Seek, SeekFrom};
 
@@ -46,9 +47,14 @@ pub enum ScanError {
     Archive(String),
     #[error("the archive is truncated: {path} ends at byte {end}, the file has {len}")]
     Truncated { path: String, end: u64, len: u64 },
+    #[error("over a limit: {0}")]
+    Limit(String),
 }
 
 const GZIP: [u8; 2] = [0x1f, 0x8b];
+/// The most a gzip archive may hold after the tar's end (its end blocks and padding to a
+/// record are 10 KiB at most as tar writes them).
+pub const MAX_TRAILER: u64 = 1 << 20;
 
 /// Lists the blobs of the archive `r` (a plain or gzip tar), reading headers only.
 pub fn scan<R: Read + Seek>(mut r: R) -> Result<Scanned, ScanError> {
@@ -62,56 +68,74 @@ pub fn scan<R: Read + Seek>(mut r: R) -> Result<Scanned, ScanError> {
     }
     if n == 2 && magic == GZIP {
         let gz = flate2::read::GzDecoder::new(BufReader::with_capacity(64 << 10, r));
-        let mut ar = tar::Archive::new(gz);
-        let entries = ar.entries().map_err(bad)?;
-        let mut out = collect(entries, None)?;
+        let mut tr = TarReader::new(Streamed(gz));
+        let mut out = collect(&mut tr, None)?;
         out.gzip = true;
         // The rest (the tar's end blocks, gzip's trailer): a cut-off stream is an error here
-        // too, as it will be for the import.
-        std::io::copy(&mut ar.into_inner(), &mut std::io::sink()).map_err(bad)?;
+        // too, as it will be for the import; bounded, so a gzip of zeros ends at once.
+        let rest = tr.into_inner().0;
+        let n = std::io::copy(&mut rest.take(MAX_TRAILER + 1), &mut std::io::sink())
+            .map_err(|e| ScanError::Archive(format!("reading the archive: {e}")))?;
+        if n > MAX_TRAILER {
+            return Err(ScanError::Limit(format!(
+                "more than {MAX_TRAILER} bytes follow the end of the archive"
+            )));
+        }
         Ok(out)
     } else {
-        let mut ar = tar::Archive::new(r);
-        let entries = ar.entries_with_seek().map_err(bad)?;
-        collect(entries, Some(len))
+        collect(&mut TarReader::new(Seeked(r)), Some(len))
     }
 }
 
-fn bad(e: std::io::Error) -> ScanError {
-    ScanError::Archive(format!("reading the archive: {e}"))
+impl From<TarError> for ScanError {
+    fn from(e: TarError) -> ScanError {
+        match e {
+            TarError::Limit(m) => ScanError::Limit(m),
+            other => ScanError::Archive(other.to_string()),
+        }
+    }
 }
 
-/// The blobs of `entries`; `len`, when the payloads were seeked over, is the file's length,
-/// which every payload must end within.
-fn collect<R: Read>(entries: tar::Entries<'_, R>, len: Option<u64>) -> Result<Scanned, ScanError> {
+/// The blobs of the archive `tr` reads; `len`, when the payloads were seeked over, is the
+/// file's length, which every payload must end within.
+fn collect<S: Source>(tr: &mut TarReader<S>, len: Option<u64>) -> Result<Scanned, ScanError> {
     let mut out = Scanned::default();
     let mut seen = HashSet::new();
+    let mut names = Names::default();
     let mut any = false;
-    for e in entries {
-        let e = e.map_err(bad)?;
+    while let Some(h) = tr.next_entry()? {
         any = true;
-        let raw = String::from_utf8_lossy(&e.path_bytes()).into_owned();
-        let path = clean(&raw).map_err(|e| ScanError::Archive(e.to_string()))?;
-        let ty = e.header().entry_type();
-        let size = e.size();
+        let path = clean(&String::from_utf8_lossy(&h.path))
+            .map_err(|e| ScanError::Archive(e.to_string()))?;
+        let size = h.size;
         if let Some(len) = len {
-            let end = e.raw_file_position().saturating_add(size);
+            let end = h.offset.saturating_add(size);
             if end > len {
                 return Err(ScanError::Truncated { path, end, len });
             }
         }
         // Links (docker save's shared layers) and directories add nothing.
-        if !ty.is_file() {
+        if h.kind != Kind::File {
+            check_unused(&path, size).map_err(ScanError::Limit)?;
             continue;
         }
         match classify(&path).map_err(|e| ScanError::Archive(e.to_string()))? {
-            Entry::Meta | Entry::Skip => {}
+            Entry::Meta => {
+                if size > super::entry::MAX_JSON as u64 {
+                    return Err(ScanError::Limit(format!(
+                        "{path} is {size} bytes; the most accepted is {} bytes",
+                        super::entry::MAX_JSON
+                    )));
+                }
+            }
+            Entry::Skip => check_unused(&path, size).map_err(ScanError::Limit)?,
             Entry::Blob(digest) => {
                 if let Some(d) = &digest {
                     if !seen.insert(d.clone()) {
                         continue;
                     }
                 }
+                names.take(&path, None).map_err(ScanError::Limit)?;
                 out.blobs.push(ScannedBlob { path, digest, size });
             }
         }
@@ -253,6 +277,24 @@ mod tests {
         for n in [10, z.len() / 2, z.len() - 9] {
             assert!(scan(Cursor::new(z[..n].to_vec())).is_err(), "cut at {n}");
         }
+    }
+
+    /// Issue 31: the hostile shapes are refused, naming the limit, without taking in what
+    /// their headers declare (the integration test measures the memory).
+    #[test]
+    fn hostile_extension_headers_are_refused_naming_the_limit() {
+        use edgehub_testsupport::hostile_archive as hostile;
+        for (what, bytes) in [
+            ("long name", hostile::long_name_gzip(64 << 20)),
+            ("pax", hostile::pax_gzip(64 << 20)),
+        ] {
+            let r = scan(Cursor::new(bytes));
+            let e = r.expect_err(what).to_string();
+            assert!(e.contains("65536"), "{what}: {e}");
+        }
+        // A gigabyte of zeros: the end of the archive at its first block.
+        let r = scan(Cursor::new(hostile::zeros_gzip(64 << 20)));
+        assert!(matches!(r, Err(ScanError::Archive(_))), "{r:?}");
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub struct SmallContainerd {
     /// containerd's root, the tmpfs.
     pub root: std::path::PathBuf,
     pub socket: std::path::PathBuf,
+    config: std::path::PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -47,30 +48,59 @@ impl SmallContainerd {
             ),
         )
         .unwrap();
-        let log = std::fs::File::create(dir.path().join("containerd.log")).unwrap();
-        let child = Command::new("containerd")
-            .arg("--config")
-            .arg(&config)
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("containerd is installed (scripts/setup.sh)");
+        let child = spawn(&config);
         let c = SmallContainerd {
             child,
             root,
             socket,
+            config,
             _dir: dir,
         };
-        let cri = edgehub::cri::CriClient::new(&c.socket);
-        crate::common::wait_until(30, "the small containerd answers", || c.socket.exists()).await;
-        for _ in 0..100 {
+        c.answers().await;
+        c
+    }
+
+    /// Waits until the CRI answers on the socket.
+    async fn answers(&self) {
+        let cri = edgehub::cri::CriClient::new(&self.socket);
+        crate::common::wait_until(30, "the small containerd answers", || self.socket.exists())
+            .await;
+        for _ in 0..300 {
             if cri.version().await.is_ok() {
-                return c;
+                return;
             }
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
         panic!("the small containerd never answered");
     }
+
+    /// Stops containerd (its root and state stay), as a crash or an update would.
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the stopped containerd again on the same root, and waits until it answers.
+    pub async fn start_again(&mut self) {
+        self.child = spawn(&self.config);
+        self.answers().await;
+    }
+}
+
+/// containerd with `config`, its output appended to `containerd.log` beside it.
+fn spawn(config: &std::path::Path) -> std::process::Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(config.with_file_name("containerd.log"))
+        .unwrap();
+    Command::new("containerd")
+        .arg("--config")
+        .arg(config)
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("containerd is installed (scripts/setup.sh)")
 }
 
 impl Drop for SmallContainerd {

@@ -6,6 +6,7 @@ pub mod certs;
 pub mod chaos;
 pub mod daemonset_sim;
 pub mod hostile;
+pub mod hostile_archive;
 pub mod patch;
 mod rawclient;
 pub use rawclient::{ClientPem, RawAnswer};
