@@ -30,7 +30,7 @@ pub use journal::{Effects, LogLine, RunningRevision};
 pub use objects::{ApplyStats, Change, StoredObject};
 pub use outbox::{EventSeries, OutboxRow, QueuedEvent, QueuedStatus, RowKind};
 pub use requests::{
-    NewRequest, Recorded, RequestKind, RequestRecord, HISTORY_PER_POD, TERMINAL_STATES,
+    new_uid, NewRequest, Recorded, RequestKind, RequestRecord, HISTORY_PER_POD, TERMINAL_STATES,
 };
 pub use schema::{APPLICATION_ID, LATEST as SCHEMA_VERSION};
 pub use seal::{DeviceKey, KeySource, SealError};

@@ -65,6 +65,9 @@ pub struct UpgradeConfig {
     pub poll: Duration,
     /// While online, pull a new update revision's images as soon as it appears.
     pub prepull: bool,
+    /// A transaction's commit deadline when it asks for none: nobody committing within it
+    /// rolls the transaction back.
+    pub manual_commit_deadline: Duration,
 }
 
 impl Default for UpgradeConfig {
@@ -74,6 +77,7 @@ impl Default for UpgradeConfig {
             min_ready_floor: Duration::from_secs(2),
             poll: Duration::from_millis(200),
             prepull: true,
+            manual_commit_deadline: Duration::from_secs(1800),
         }
     }
 }
