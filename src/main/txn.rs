@@ -86,7 +86,8 @@ pub fn start(cli: &Cli, pods: &[String], wait: bool, timeout: Option<&str>) -> a
         "Verified" => Some(true),
         // Committed by the manager before this wait saw Verified: it got where it was asked.
         "Committing" | "Committed" => Some(true),
-        "RollingBack" | "RolledBack" | "Failed" => Some(false),
+        // Ended otherwise, once the old revisions run again.
+        "RolledBack" | "Failed" => Some(false),
         _ => None,
     })?;
     Ok(())
@@ -103,7 +104,7 @@ pub fn commit(cli: &Cli, id: &str) -> anyhow::Result<()> {
     answer_json(a.status, &a.body, &format!("commit {id}"))?;
     follow(&client, id, |state| match state {
         "Committed" => Some(true),
-        "RollingBack" | "RolledBack" | "Failed" => Some(false),
+        "RolledBack" | "Failed" => Some(false),
         _ => None,
     })?;
     println!("{id} Committed");
