@@ -307,6 +307,11 @@ impl<R: CriRuntime + 'static> Engine<R> {
 
     /// Waits a poll, or less when the store changes.
     async fn pause(&self, st: &mut Drive) {
+        self.pause_for(st, self.config.poll).await
+    }
+
+    /// Waits `d`, or less when the store changes.
+    async fn pause_for(&self, st: &mut Drive, d: Duration) {
         let changed = async {
             if st.changes.changed().await.is_err() {
                 // The store is gone: only the poll is left.
@@ -314,7 +319,7 @@ impl<R: CriRuntime + 'static> Engine<R> {
             }
         };
         tokio::select! {
-            _ = tokio::time::sleep(self.config.poll) => {}
+            _ = tokio::time::sleep(d) => {}
             _ = changed => {}
         }
     }
@@ -606,6 +611,12 @@ impl<R: CriRuntime + 'static> Engine<R> {
             Step::StopContainers(sb) => steps::stop_containers(cri, &now, &sb, grace).await?,
             Step::RemovePod(sb) => steps::stop_pod(cri, &now, &sb, grace, true).await?,
             Step::MarkReady(since) => self.store.set_ready_since(id, state.as_str(), since)?,
+            // Verified may wait half an hour for the manager: a slower look at the runtime
+            // (a decision still wakes it at once).
+            Step::Wait if state == State::Verified => {
+                self.pause_for(st, self.config.poll.max(Duration::from_secs(1)))
+                    .await
+            }
             Step::Wait => self.pause(st).await,
         }
         crate::failpoint::hit(&format!("upgrade:step:{point}"));
