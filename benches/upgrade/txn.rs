@@ -49,10 +49,13 @@ fn decided_at(db: &Path, id: &str) -> i64 {
     .expect("the transaction")
 }
 
-/// A node whose new containers need not hold (min_ready_floor 0): what is left between the
-/// request and Verified is edgehub's work and containerd's.
+/// A node whose new containers need not hold (min_ready_floor 0, and the DaemonSet's
+/// minReadySeconds 0 from the roll on, where the recorded one says 5): what is left between
+/// the request and Verified is edgehub's work and containerd's, and the readiness probe's
+/// first run.
 async fn quick_node(tag: &str) -> Node {
-    let n = edge::node(tag).await;
+    let mut n = edge::node(tag).await;
+    n.min_ready_seconds = Some(0);
     n.edit_config(|c| c.replace("[upgrade]\n", "[upgrade]\nmin_ready_floor_secs = 0\n"));
     n
 }
