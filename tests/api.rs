@@ -41,6 +41,7 @@ fn api_state(h: &Harness) -> ApiState {
         image_gc: None,
         identity: None,
         pods: Default::default(),
+        commit_deadline: std::time::Duration::from_secs(1800),
     }
 }
 

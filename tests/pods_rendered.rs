@@ -44,6 +44,7 @@ async fn start_api(h: &Harness) -> (SocketAddr, Arc<ApiState>, tokio::sync::watc
         image_gc: None,
         identity: None,
         pods: Default::default(),
+        commit_deadline: std::time::Duration::from_secs(1800),
     });
     let (tx, rx) = tokio::sync::watch::channel(false);
     tokio::spawn(api::serve(Listener::Tcp(tcp), state.clone(), rx));

@@ -98,7 +98,10 @@ mod tests {
         let good: &[u8] = b"Bearer s3cret";
         let bad: &[u8] = b"Bearer nope";
         for (pattern, method, access, _) in router::ROUTES {
-            let path = pattern.replace("{ns}", "vehicle").replace("{name}", "p");
+            let path = pattern
+                .replace("{ns}", "vehicle")
+                .replace("{name}", "p")
+                .replace("{id}", "0123456789abcdef");
             let privileged = *access == Access::Privileged;
             let probe = guard::is_open_path(&path);
             let ok =

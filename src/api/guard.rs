@@ -129,8 +129,8 @@ impl Forbidden {
             _ => String::new(),
         };
         format!(
-            "Forbidden: {what} brings new code or credentials onto the node, so it needs a \
-             credential, and {this}{uid}. To get access, {}.",
+            "Forbidden: {what} brings new code or credentials onto the node, or decides what \
+             runs on it, so it needs a credential, and {this}{uid}. To get access, {}.",
             ways.join(", or ")
         )
     }

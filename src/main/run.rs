@@ -197,6 +197,7 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
         image_gc: Some(image_gc_stats),
         identity: identity_handle,
         pods: Default::default(),
+        commit_deadline: config.upgrade.manual_commit_deadline,
     });
     let mut servers = Vec::new();
     for l in listeners {

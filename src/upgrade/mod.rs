@@ -18,6 +18,8 @@ pub mod plan;
 mod prepull;
 mod record;
 pub mod steps;
+pub mod txn;
+mod txn_watch;
 
 pub use prepull::{registry_of, target_images};
 
@@ -63,6 +65,9 @@ pub struct UpgradeConfig {
     pub poll: Duration,
     /// While online, pull a new update revision's images as soon as it appears.
     pub prepull: bool,
+    /// A transaction's commit deadline when it asks for none: nobody committing within it
+    /// rolls the transaction back.
+    pub manual_commit_deadline: Duration,
 }
 
 impl Default for UpgradeConfig {
@@ -72,6 +77,7 @@ impl Default for UpgradeConfig {
             min_ready_floor: Duration::from_secs(2),
             poll: Duration::from_millis(200),
             prepull: true,
+            manual_commit_deadline: Duration::from_secs(1800),
         }
     }
 }
@@ -125,6 +131,9 @@ enum Blocked {
 /// A driving task's own memory between rounds.
 struct Drive {
     readiness: steps::Readiness,
+    /// Store changes: a wait ends early when something changed (a transaction's decision, the
+    /// cache), so a decision is carried out at once, not a poll later.
+    changes: watch::Receiver<u64>,
     observer: Observer,
     /// The engine holds the pod (from the first step that touches a container).
     held: bool,
@@ -188,6 +197,9 @@ impl<R: CriRuntime + 'static> Engine<R> {
                     }
                 }
                 Err(e) => tracing::warn!(error = %e, "cannot read the upgrade requests"),
+            }
+            if let Err(e) = self.watch_transactions() {
+                tracing::warn!(error = %e, "cannot look at the open transactions");
             }
             let now = (*changes.borrow(), self.online());
             if looked != Some(now) {
@@ -259,6 +271,7 @@ impl<R: CriRuntime + 'static> Engine<R> {
         let uid = req.pod_uid.clone();
         let mut st = Drive {
             readiness: steps::Readiness::default(),
+            changes: self.store.subscribe(),
             observer: Observer::default(),
             // Claimed before the runtime's first pass, after a restart.
             held: self.locks.holder(&uid) == Some(Holder::Upgrade),
@@ -292,6 +305,25 @@ impl<R: CriRuntime + 'static> Engine<R> {
         }
     }
 
+    /// Waits a poll, or less when the store changes.
+    async fn pause(&self, st: &mut Drive) {
+        self.pause_for(st, self.config.poll).await
+    }
+
+    /// Waits `d`, or less when the store changes.
+    async fn pause_for(&self, st: &mut Drive, d: Duration) {
+        let changed = async {
+            if st.changes.changed().await.is_err() {
+                // The store is gone: only the poll is left.
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(d) => {}
+            _ = changed => {}
+        }
+    }
+
     /// Records why the upgrade cannot go on now (`None`: it can), for `GET .../upgrade`.
     fn waiting(&self, rec: &RequestRecord, why: Option<&str>) -> Result<(), StoreError> {
         if rec.waiting.as_deref() != why {
@@ -309,6 +341,22 @@ impl<R: CriRuntime + 'static> Engine<R> {
             .ok_or_else(|| UpgradeError::BadState(id, rec.state.clone()))?;
         if state.is_terminal() {
             return Ok(true);
+        }
+        // A transaction's upgrade starts once the one before it is Verified, and goes on as
+        // the transaction decides.
+        let gate = self.store.transaction_of(id)?.map(|t| txn::gate(&t, id));
+        if let Some(g) = gate
+            .as_ref()
+            .filter(|g| state == State::Requested && !g.turn && g.verdict.is_none())
+        {
+            // No deadline yet: the wait for its turn is not the state's time.
+            let why = format!(
+                "waiting for {} of its transaction to be Verified",
+                g.after.as_deref().unwrap_or("the pod before it")
+            );
+            self.waiting(&rec, Some(&why))?;
+            self.pause(st).await;
+            return Ok(false);
         }
         let clock = crate::time::boot_ms();
         let hold_ms = rec
@@ -356,6 +404,15 @@ impl<R: CriRuntime + 'static> Engine<R> {
             }
         }
 
+        let mut journal = Journal {
+            state,
+            deadline_ms: deadline,
+            ready_since_ms: rec.ready_since(),
+            hold: Duration::from_millis(hold_ms),
+            manual: gate.is_some(),
+            verdict: gate.as_ref().and_then(|g| g.verdict.clone()),
+            turn: gate.as_ref().is_none_or(|g| g.turn),
+        };
         let ctx = match self.context(&rec)? {
             Ok(c) => c,
             Err(Blocked::Wait(why)) => {
@@ -374,6 +431,16 @@ impl<R: CriRuntime + 'static> Engine<R> {
                 return Ok(true);
             }
         };
+        journal.hold = Duration::from_millis(ctx.plan.hold_ms);
+        // The transaction's decision needs nothing of the runtime: carried out at once, even
+        // while the runtime does not answer.
+        if let Some(step) = machine::decided(&journal) {
+            match step {
+                Step::Go(to, error) => self.go(&rec, state, to, error, Some(&ctx), None)?,
+                _ => self.pause(st).await,
+            }
+            return Ok(false);
+        }
         let now = match steps::pod_now(
             &mut st.observer,
             &*self.cri,
@@ -412,18 +479,12 @@ impl<R: CriRuntime + 'static> Engine<R> {
             &now,
             &ctx.plan,
             plans.target.as_ref().map_err(String::as_str),
-            plans.old.as_ref().err().cloned(),
+            plans.old.as_ref().map_err(String::as_str),
             &rec.uid,
-            state == State::Pulling,
+            steps::Look::at(state),
             &mut st.readiness,
         )
         .await?;
-        let journal = Journal {
-            state,
-            deadline_ms: deadline,
-            ready_since_ms: rec.ready_since(),
-            hold: Duration::from_millis(ctx.plan.hold_ms),
-        };
         let step = machine::next(&journal, &observed, crate::time::boot_ms());
         tracing::debug!(upgrade = id, pod = %rec.name, state = %state, step = ?step, "upgrade step");
         // What stands in the way while the machine waits, for the OTA manager to read.
@@ -453,10 +514,19 @@ impl<R: CriRuntime + 'static> Engine<R> {
             Step::Go(to, error) => {
                 // From Swapping on the engine holds the pod; the next round takes the hold
                 // and looks again before it touches anything.
-                let plan = if state == State::Pulling && to == State::Swapping {
-                    Some(self.without_noops(&ctx, &now).await?)
-                } else {
-                    None
+                let plan = match (state, to) {
+                    (State::Pulling, State::Swapping) => {
+                        Some(self.without_noops(&ctx, &now).await?)
+                    }
+                    // The pod stopped running while Verified (a reboot): its new revision
+                    // starts again as a new sandbox from the target spec.
+                    (State::Verified, State::Swapping) if ctx.plan.mode == Mode::InPlace => {
+                        tracing::info!(upgrade = id, pod = %rec.name,
+                            "the pod no longer runs; its new revision starts again in a new sandbox");
+                        let again = plan::rerun(&ctx.plan, &ctx.target_json);
+                        Some(serde_json::to_string(&again).unwrap_or_default())
+                    }
+                    _ => None,
                 };
                 self.go(&rec, state, to, error, Some(&ctx), plan)?;
             }
@@ -538,9 +608,16 @@ impl<R: CriRuntime + 'static> Engine<R> {
                 }
             }
             Step::StopPod(sb) => steps::stop_pod(cri, &now, &sb, grace, false).await?,
+            Step::StopContainers(sb) => steps::stop_containers(cri, &now, &sb, grace).await?,
             Step::RemovePod(sb) => steps::stop_pod(cri, &now, &sb, grace, true).await?,
             Step::MarkReady(since) => self.store.set_ready_since(id, state.as_str(), since)?,
-            Step::Wait => tokio::time::sleep(self.config.poll).await,
+            // Verified may wait half an hour for the manager: a slower look at the runtime
+            // (a decision still wakes it at once).
+            Step::Wait if state == State::Verified => {
+                self.pause_for(st, self.config.poll.max(Duration::from_secs(1)))
+                    .await
+            }
+            Step::Wait => self.pause(st).await,
         }
         crate::failpoint::hit(&format!("upgrade:step:{point}"));
         Ok(false)
@@ -561,6 +638,7 @@ fn step_name(s: &Step) -> &'static str {
         Step::RemoveOld(_) => "RemoveOld",
         Step::CreatePod => "CreatePod",
         Step::StopPod(_) => "StopPod",
+        Step::StopContainers(_) => "StopContainers",
         Step::RemovePod(_) => "RemovePod",
         Step::MarkReady(_) => "MarkReady",
         Step::Wait => "Wait",

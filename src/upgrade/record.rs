@@ -69,6 +69,17 @@ impl<R: CriRuntime + 'static> Engine<R> {
                 ctx.filter(|_| from == State::Requested)
                     .map(|c| serde_json::to_string(&c.plan).unwrap_or_default())
             }),
+            // An upgrade of a transaction that fails takes the others with it (applied only
+            // to a member, and only while nothing is decided).
+            txn_rollback: matches!(to, State::RollingBack | State::RolledBack | State::Failed)
+                .then(|| {
+                    format!(
+                        "pod {}/{}: {}",
+                        rec.namespace,
+                        rec.name,
+                        error.as_deref().unwrap_or("rolled back")
+                    )
+                }),
             ..Default::default()
         };
         let event = |kind: &str, reason: &str, message: String| -> Option<QueuedEvent> {
@@ -94,6 +105,12 @@ impl<R: CriRuntime + 'static> Engine<R> {
             })
         };
         let from_hash = rec.from_hash.as_deref().unwrap_or("?");
+        // Why it ends: said by this move, or by the move into RollingBack before it (the
+        // manager's reason, the container that exited).
+        let why = error
+            .as_deref()
+            .or(rec.error.as_deref())
+            .unwrap_or("no reason recorded");
         match to {
             State::Pulling => effects.events.extend(event(
                 "Normal",
@@ -140,20 +157,12 @@ impl<R: CriRuntime + 'static> Engine<R> {
             State::RolledBack => effects.events.extend(event(
                 "Warning",
                 "UpgradeRolledBack",
-                format!(
-                    "Upgrade to revision {} rolled back: {}",
-                    rec.to_hash,
-                    error.as_deref().unwrap_or("no reason recorded")
-                ),
+                format!("Upgrade to revision {} rolled back: {why}", rec.to_hash,),
             )),
             State::Failed => effects.events.extend(event(
                 "Warning",
                 "UpgradeFailed",
-                format!(
-                    "Upgrade to revision {} failed: {}",
-                    rec.to_hash,
-                    error.as_deref().unwrap_or("no reason recorded")
-                ),
+                format!("Upgrade to revision {} failed: {why}", rec.to_hash,),
             )),
             _ => {}
         }
