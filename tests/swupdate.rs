@@ -145,6 +145,10 @@ impl Swu {
 
     /// `swupdate -i FILE` as the device runs it: (success, what it printed).
     fn install(&self, base: &[(String, String)], swu: &Path) -> (bool, String) {
+        run(&mut self.install_cmd(swu), &self.env(base))
+    }
+
+    fn install_cmd(&self, swu: &Path) -> Command {
         let mut cmd = Command::new("swupdate");
         cmd.arg("-v")
             .arg("-H")
@@ -156,7 +160,7 @@ impl Swu {
             .arg("-i")
             .arg(swu)
             .stdin(Stdio::null());
-        run(&mut cmd, &self.env(base))
+        cmd
     }
 
     /// The transaction the handler is waiting to see decided, if any.
@@ -424,5 +428,79 @@ async fn two_pods_the_second_broken_both_end_at_their_old_revision() {
     f.wait_all_run(30, false).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(s.undecided(), None);
+    f.clean().await;
+}
+
+/// edgehub killed between the install and the commit: a product step after edgehub's kills
+/// it while its pods wait at Verified; SWUpdate's post-update command waits for edgehub to
+/// answer again (the test starts it again, as its service manager would) and commits. The
+/// transaction ends committed or rolled back, and exactly one revision runs, the one it says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edgehub_killed_between_install_and_commit_ends_in_one_revision() {
+    let mut f = fleet("skill", &[Image::Good]).await;
+    let mut s = Swu::new();
+    s.start_progress(&f.env());
+    let pid = f.n.child.as_ref().unwrap().id();
+    let step = s.dir.path().join("kill-edgehub");
+    std::fs::write(&step, format!("#!/bin/sh\nkill -9 {pid}\n")).unwrap();
+    let swu = s.build_for(&f, "kill", &[&step]);
+    let log_path = s.dir.path().join("swupdate.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut swupdate = s
+        .install_cmd(&swu)
+        .envs(s.env(&f.env()))
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Some(mut c) = f.n.child.take() {
+            if c.try_wait().unwrap().is_some() {
+                break;
+            }
+            f.n.child = Some(c);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the product step never killed edgehub:\n{}",
+            std::fs::read_to_string(&log_path).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    f.n.start();
+    let status = loop {
+        if let Some(st) = swupdate.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "swupdate does not end"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let out = std::fs::read_to_string(&log_path).unwrap_or_default();
+    assert!(out.contains("every pod is Verified"), "{out}");
+    let end = f
+        .wait_transaction(60, &["Committed", "RolledBack", "Failed"])
+        .await;
+    match end["state"].as_str() {
+        Some("Committed") => {
+            assert!(status.success(), "committed, but SWUpdate failed:\n{out}");
+            f.wait_all_run(30, true).await;
+        }
+        Some("RolledBack") => {
+            assert!(
+                !status.success(),
+                "rolled back, but SWUpdate succeeded:\n{out}"
+            );
+            f.wait_all_run(30, false).await;
+        }
+        _ => panic!("{end}\n{out}"),
+    }
+    println!(
+        "after edgehub's restart the transaction ended {}",
+        end["state"]
+    );
     f.clean().await;
 }

@@ -318,12 +318,15 @@ impl Fleet {
         )
     }
 
-    /// Every transaction, as `edgehub transactions --json` prints them (newest first).
-    pub fn transactions(&self) -> Vec<Value> {
+    /// Every transaction, as `edgehub transactions --json` prints them (newest first), or why
+    /// edgehub did not answer (it may be starting).
+    pub fn transactions(&self) -> Result<Vec<Value>, String> {
         let (ok, out, err) = self.edgehub(&["transactions", "--json"]);
-        assert!(ok, "edgehub transactions --json: {err}");
+        if !ok {
+            return Err(err);
+        }
         let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
-        v["transactions"].as_array().cloned().unwrap_or_default()
+        Ok(v["transactions"].as_array().cloned().unwrap_or_default())
     }
 
     /// The only transaction, once it is in one of `states`.
@@ -331,10 +334,12 @@ impl Fleet {
         let deadline = Instant::now() + Duration::from_secs(secs);
         loop {
             let all = self.transactions();
-            assert!(all.len() <= 1, "one transaction: {all:?}");
-            if let Some(t) = all.first() {
-                if states.iter().any(|s| t["state"] == *s) {
-                    return t.clone();
+            if let Ok(all) = &all {
+                assert!(all.len() <= 1, "one transaction: {all:?}");
+                if let Some(t) = all.first() {
+                    if states.iter().any(|s| t["state"] == *s) {
+                        return t.clone();
+                    }
                 }
             }
             assert!(
