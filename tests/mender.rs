@@ -116,8 +116,12 @@ fn artifact(dir: &Path, name: &str, args: &[String]) -> PathBuf {
 
 /// The Artifact of a fleet's update: its pods and their archives.
 fn fleet_artifact(f: &Fleet, name: &str) -> PathBuf {
+    fleet_artifact_of(f, name, f.targets())
+}
+
+fn fleet_artifact_of(f: &Fleet, name: &str, targets: Vec<String>) -> PathBuf {
     let mut args = Vec::new();
-    for t in f.targets() {
+    for t in targets {
         args.push("-p".to_string());
         args.push(t);
     }
@@ -420,13 +424,15 @@ async fn an_image_edgehub_refuses_fails_the_install_and_starts_no_transaction() 
 
 // ---- The transactions, end to end ----
 
-/// A good update: `mender install` ends with every pod Verified, `mender commit` commits; the
-/// new revision runs, and still after edgehub restarts offline; when the link returns, the
-/// cloud hears UpgradeSucceeded and the pod object goes for its replacement.
+/// A good update (its manifest naming the revision): `mender install` ends with every pod
+/// Verified, `mender commit` commits; the new revision runs, and still after edgehub restarts
+/// offline; when the link returns, the cloud hears UpgradeSucceeded and the pod object goes
+/// for its replacement.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_good_update_commits_and_the_new_revision_runs_after_an_offline_restart() {
     let mut f = fleet("mgood", &[Image::Good]).await;
-    let art = fleet_artifact(&f, "good-1");
+    // With the revision the pod must reach: edgehub checks it against its cache's target.
+    let art = fleet_artifact_of(&f, "good-1", f.targets_at());
     let m = Mender::new();
     let (ok, log) = m.install(&f.env(), &art);
     assert!(ok, "mender install:\n{log}\nedgehub:\n{}", f.n.log());

@@ -327,7 +327,7 @@ async fn a_good_update_commits_and_the_new_revision_runs_after_an_offline_restar
     let mut f = fleet("sgood", &[Image::Good]).await;
     let mut s = Swu::new();
     s.start_progress(&f.env());
-    let swu = s.build_for(&f, "good", &[]);
+    let swu = s.build("good", &f.targets_at(), &f.archives(), &[]);
     let (ok, log) = s.install(&f.env(), &swu);
     assert!(ok, "swupdate:\n{log}\nedgehub:\n{}", f.n.log());
     assert!(log.contains("every pod is Verified"), "{log}");

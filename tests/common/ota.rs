@@ -224,6 +224,14 @@ impl Fleet {
         self.pods.iter().map(Pod::target).collect()
     }
 
+    /// The targets with the revision each must reach (`NAMESPACE/POD@HASH`).
+    pub fn targets_at(&self) -> Vec<String> {
+        self.pods
+            .iter()
+            .map(|p| format!("{}@{}", p.target(), p.hash))
+            .collect()
+    }
+
     pub fn archives(&self) -> Vec<PathBuf> {
         self.pods.iter().map(|p| p.archive.clone()).collect()
     }
