@@ -121,6 +121,7 @@ async fn bench(server: &tokio::runtime::Handle, n: usize, samples: usize) {
         images: None,
         image_gc: None,
         identity: None,
+        commit_deadline: std::time::Duration::from_secs(1800),
     });
     let tcp = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     tcp.set_nonblocking(true).expect("nonblocking");

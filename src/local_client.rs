@@ -2,6 +2,7 @@
 //! functions that turn the API's answers into what `edgehub pods|upgrade|status|logs` print.
 
 mod output;
+pub mod txn;
 mod upload;
 
 pub use output::{columns, images_table, pods_table, status_text};
@@ -83,6 +84,11 @@ impl LocalClient {
 
     pub fn post(&self, path: &str) -> Result<Answer, ClientError> {
         self.call("POST", path)
+    }
+
+    /// POSTs `body` (a transaction, a rollback's reason).
+    pub fn post_body(&self, path: &str, body: &[u8]) -> Result<Answer, ClientError> {
+        self.call_with("POST", path, Bytes::copy_from_slice(body))
     }
 
     /// PUTs `body` (`edgehub bootstrap`: the bootstrap token).

@@ -14,6 +14,8 @@ use std::process::ExitCode;
 mod local_cmds;
 #[path = "main/run.rs"]
 mod run_cmd;
+#[path = "main/txn.rs"]
+mod txn_cmds;
 
 use local_cmds::{bootstrap, images_list, images_load, logs, pods, status, upgrade};
 use run_cmd::run;
@@ -64,16 +66,45 @@ enum Command {
     CheckConfig,
     /// List the node's pods with their running and target revisions (asks the local API).
     Pods,
-    /// Trigger the OTA upgrade of a pod (asks the local API).
+    /// Trigger the OTA upgrade of a pod (asks the local API); with --manual-commit, a
+    /// transaction of one or more pods that stops at Verified for `edgehub commit` or
+    /// `edgehub rollback`.
     Upgrade {
-        /// The pod, as NAMESPACE/NAME.
-        pod: String,
-        /// Follow the upgrade to its end, printing each state.
+        /// The pods, as NAMESPACE/NAME; with --manual-commit several, each optionally
+        /// NAMESPACE/NAME@REVISION (refused unless the cache's target revision is that one).
+        #[arg(required = true, value_name = "NS/POD[@REV]")]
+        pods: Vec<String>,
+        /// Without --manual-commit: follow the upgrade to its end, printing each state. With
+        /// it: wait until every pod is Verified (non-zero exit if it ends otherwise).
         #[arg(long)]
         wait: bool,
-        /// With --wait: give up after this many seconds.
-        #[arg(long, default_value_t = 300)]
-        timeout: u64,
+        /// Without --manual-commit: how long --wait follows the upgrade (seconds, or 90s,
+        /// 5m; default 300). With it: the commit deadline (default from the config, 30m).
+        #[arg(long, value_name = "D")]
+        timeout: Option<String>,
+        /// Start a transaction the OTA manager commits (`edgehub commit ID`) or rolls back
+        /// (`edgehub rollback ID`); prints its id alone on the first line.
+        #[arg(long)]
+        manual_commit: bool,
+    },
+    /// Commit a transaction: the old revisions go; waits until every pod is Done.
+    Commit {
+        /// The transaction id `edgehub upgrade --manual-commit` printed.
+        id: String,
+    },
+    /// Roll a transaction back: the old revisions run again; waits until they do, verified.
+    Rollback {
+        id: String,
+        /// Why, for the cloud's UpgradeRolledBack Event.
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// List the transactions, or show one.
+    Transactions {
+        id: Option<String>,
+        /// The local API's JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Show link state, cache sizes and active upgrades (asks the local API).
     Status,
@@ -186,7 +217,21 @@ fn main() -> ExitCode {
         Command::CheckConfig => check_config(&cli),
         Command::Run { reset_cache } => run(&cli, *reset_cache),
         Command::Pods => pods(&cli),
-        Command::Upgrade { pod, wait, timeout } => upgrade(&cli, pod, *wait, *timeout),
+        Command::Upgrade {
+            pods,
+            wait,
+            timeout,
+            manual_commit: true,
+        } => txn_cmds::start(&cli, pods, *wait, timeout.as_deref()),
+        Command::Upgrade {
+            pods,
+            wait,
+            timeout,
+            manual_commit: false,
+        } => upgrade(&cli, pods, *wait, timeout.as_deref()),
+        Command::Commit { id } => txn_cmds::commit(&cli, id),
+        Command::Rollback { id, reason } => txn_cmds::rollback(&cli, id, reason.as_deref()),
+        Command::Transactions { id, json } => txn_cmds::show(&cli, id.as_deref(), *json),
         Command::Status => status(&cli),
         Command::Bootstrap { token_file } => bootstrap(&cli, token_file),
         Command::Images(ImagesArgs {

@@ -35,6 +35,7 @@ fn api_state(h: &Harness) -> ApiState {
         images: None,
         image_gc: None,
         identity: None,
+        commit_deadline: std::time::Duration::from_secs(1800),
     }
 }
 

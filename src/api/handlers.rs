@@ -161,7 +161,11 @@ const IMAGE_CHECK_BUDGET: std::time::Duration = std::time::Duration::from_secs(4
 /// answers is pulled by the upgrade; the apiserver link says nothing about the registry.)
 /// A container runtime that does not answer is a 503 naming it: an upgrade accepted then
 /// could only wait, and the OTA manager is better told now.
-fn images_missing_offline(state: &ApiState, pod_uid: &str, target: &str) -> Option<Reply> {
+pub(super) fn images_missing_offline(
+    state: &ApiState,
+    pod_uid: &str,
+    target: &str,
+) -> Option<Reply> {
     let runtime = state.runtime.as_ref()?;
     let images = match crate::upgrade::target_images(&state.store, pod_uid, target) {
         Ok(Some(i)) => i,

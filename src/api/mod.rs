@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod podlist;
 pub mod rawjson;
 pub mod router;
+pub mod transactions;
 
 use crate::link::LinkState;
 use crate::store::{RequestKind, Store};
@@ -114,6 +115,9 @@ pub struct ApiState {
     /// The identity task's status and the bootstrap token's handover; `None` when the node
     /// credential is made by hand.
     pub identity: Option<identity::IdentityHandle>,
+    /// A transaction's commit deadline when it asks for none (`[upgrade]
+    /// manual_commit_deadline_secs`).
+    pub commit_deadline: Duration,
 }
 
 /// A response before it becomes HTTP.
@@ -192,6 +196,11 @@ fn dispatch(state: &ApiState, route: &Route, query: Option<&str>, body: &[u8]) -
         Route::Status => handlers::status(state),
         Route::Node => identity::node(state),
         Route::BootstrapToken => identity::put_token(state, body),
+        Route::StartTransaction => transactions::start(state, body),
+        Route::Transactions => transactions::list(state),
+        Route::Transaction { id } => transactions::get(state, id),
+        Route::CommitTransaction { id } => transactions::commit(state, id),
+        Route::RollbackTransaction { id } => transactions::rollback(state, id, body),
         Route::Healthz => Reply::text(200, "ok"),
         Route::Readyz => handlers::readyz(state),
         Route::Metrics => handlers::metrics(state),

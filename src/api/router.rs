@@ -36,6 +36,22 @@ pub enum Route {
     Node,
     /// `PUT /v1/bootstrap-token`: a bootstrap token handed over (`crate::identity::handover`).
     BootstrapToken,
+    /// `POST /v1/transactions`: upgrades the OTA manager commits or rolls back (privileged).
+    StartTransaction,
+    /// `GET /v1/transactions`.
+    Transactions,
+    /// `GET /v1/transactions/{id}`.
+    Transaction {
+        id: String,
+    },
+    /// `POST /v1/transactions/{id}/commit` (privileged).
+    CommitTransaction {
+        id: String,
+    },
+    /// `POST /v1/transactions/{id}/rollback` (privileged).
+    RollbackTransaction {
+        id: String,
+    },
     Healthz,
     Readyz,
     Metrics,
@@ -55,6 +71,11 @@ impl Route {
             Route::Status => "status",
             Route::Node => "node",
             Route::BootstrapToken => "bootstrap_token",
+            Route::StartTransaction => "transaction_start",
+            Route::Transactions => "transactions",
+            Route::Transaction { .. } => "transaction",
+            Route::CommitTransaction { .. } => "transaction_commit",
+            Route::RollbackTransaction { .. } => "transaction_rollback",
             Route::Healthz => "healthz",
             Route::Readyz => "readyz",
             Route::Metrics => "metrics",
@@ -63,7 +84,25 @@ impl Route {
 
     /// Whether the route may record a request for the upgrade engine.
     pub fn records(&self) -> bool {
-        matches!(self, Route::Upgrade { .. } | Route::ImagePull { .. })
+        matches!(
+            self,
+            Route::Upgrade { .. }
+                | Route::ImagePull { .. }
+                | Route::StartTransaction
+                | Route::CommitTransaction { .. }
+                | Route::RollbackTransaction { .. }
+        )
+    }
+
+    /// Whether the route changes what runs against what the cloud decided, or decides for the
+    /// OTA manager: served only to a privileged caller (a rollback overrides the cloud).
+    pub fn privileged(&self) -> bool {
+        matches!(
+            self,
+            Route::StartTransaction
+                | Route::CommitTransaction { .. }
+                | Route::RollbackTransaction { .. }
+        )
     }
 }
 
@@ -117,6 +156,23 @@ pub const ROUTES: &[(&str, &str, &[u16])] = &[
     ("/v1/status", "GET", &[200, 401, 500]),
     ("/v1/node", "GET", &[200, 401, 500]),
     ("/v1/bootstrap-token", "PUT", &[202, 400, 401, 409, 500]),
+    (
+        "/v1/transactions",
+        "POST",
+        &[201, 400, 401, 403, 404, 409, 412, 500, 503],
+    ),
+    ("/v1/transactions", "GET", &[200, 401, 500]),
+    ("/v1/transactions/{id}", "GET", &[200, 400, 401, 404, 500]),
+    (
+        "/v1/transactions/{id}/commit",
+        "POST",
+        &[200, 400, 401, 404, 409, 500],
+    ),
+    (
+        "/v1/transactions/{id}/rollback",
+        "POST",
+        &[200, 400, 401, 404, 409, 500],
+    ),
     ("/v1/healthz", "GET", &[200]),
     ("/v1/readyz", "GET", &[200, 503]),
     ("/metrics", "GET", &[200, 401]),
@@ -127,6 +183,18 @@ fn pod_names(ns: &str, name: &str) -> Result<(String, String), Reject> {
     check_label(ns).map_err(|r| reject(400, format!("Invalid namespace: {r}")))?;
     check_subdomain(name).map_err(|r| reject(400, format!("Invalid pod name: {r}")))?;
     Ok((ns.to_string(), name.to_string()))
+}
+
+/// A transaction id from a path, checked: 16 lowercase hex digits, as edgehub makes them.
+fn txn_id(id: &str) -> Result<String, Reject> {
+    if id.len() == 16 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        Ok(id.to_string())
+    } else {
+        Err(reject(
+            400,
+            "Invalid transaction id: 16 lowercase hex digits",
+        ))
+    }
 }
 
 /// Maps a method and path to a route.
@@ -145,6 +213,15 @@ pub fn route(method: &str, path: &str) -> Result<Route, Reject> {
         ["v1", "healthz"] => (Route::Healthz, "GET"),
         ["v1", "readyz"] => (Route::Readyz, "GET"),
         ["metrics"] => (Route::Metrics, "GET"),
+        ["v1", "transactions"] if method == "POST" => (Route::StartTransaction, "GET, POST"),
+        ["v1", "transactions"] => (Route::Transactions, "GET, POST"),
+        ["v1", "transactions", id] => (Route::Transaction { id: txn_id(id)? }, "GET"),
+        ["v1", "transactions", id, "commit"] => {
+            (Route::CommitTransaction { id: txn_id(id)? }, "POST")
+        }
+        ["v1", "transactions", id, "rollback"] => {
+            (Route::RollbackTransaction { id: txn_id(id)? }, "POST")
+        }
         ["v1", "namespaces", ns, "pods", name, "log"] => {
             let (namespace, name) = pod_names(ns, name)?;
             (Route::Logs { namespace, name }, "GET")
@@ -162,7 +239,11 @@ pub fn route(method: &str, path: &str) -> Result<Route, Reject> {
     };
     let allowed = match &route {
         Route::UpgradeStatus { .. } | Route::Upgrade { .. } => method == "GET" || method == "POST",
-        Route::ImagePull { .. } | Route::ImagesLoad => method == "POST",
+        Route::ImagePull { .. }
+        | Route::ImagesLoad
+        | Route::StartTransaction
+        | Route::CommitTransaction { .. }
+        | Route::RollbackTransaction { .. } => method == "POST",
         Route::BootstrapToken => method == "PUT",
         _ => method == "GET" || method == "HEAD",
     };
@@ -229,6 +310,73 @@ mod tests {
                 name: "telemetry-sv74m".into()
             })
         );
+    }
+
+    #[test]
+    fn transaction_routes_check_the_id_and_the_method() {
+        assert_eq!(
+            route("POST", "/v1/transactions"),
+            Ok(Route::StartTransaction)
+        );
+        assert_eq!(route("GET", "/v1/transactions"), Ok(Route::Transactions));
+        let id = "3f9a0c1d5e7b2a64".to_string();
+        assert_eq!(
+            route("GET", "/v1/transactions/3f9a0c1d5e7b2a64"),
+            Ok(Route::Transaction { id: id.clone() })
+        );
+        assert_eq!(
+            route("POST", "/v1/transactions/3f9a0c1d5e7b2a64/commit"),
+            Ok(Route::CommitTransaction { id: id.clone() })
+        );
+        assert_eq!(
+            route("POST", "/v1/transactions/3f9a0c1d5e7b2a64/rollback"),
+            Ok(Route::RollbackTransaction { id })
+        );
+        for bad in [
+            "3F9A0C1D5E7B2A64",
+            "3f9a0c1d5e7b2a6",
+            "3f9a0c1d5e7b2a645",
+            "3f9a0c1d5e7b2a6g",
+            "..",
+            "",
+        ] {
+            for path in [
+                format!("/v1/transactions/{bad}"),
+                format!("/v1/transactions/{bad}/commit"),
+            ] {
+                let method = if path.ends_with("commit") {
+                    "POST"
+                } else {
+                    "GET"
+                };
+                assert_eq!(route(method, &path).unwrap_err().status, 400, "{path}");
+            }
+        }
+        for (m, p, allow) in [
+            ("DELETE", "/v1/transactions", "GET, POST"),
+            ("GET", "/v1/transactions/3f9a0c1d5e7b2a64/commit", "POST"),
+            ("POST", "/v1/transactions/3f9a0c1d5e7b2a64", "GET"),
+            ("PUT", "/v1/transactions/3f9a0c1d5e7b2a64/rollback", "POST"),
+        ] {
+            let r = route(m, p).unwrap_err();
+            assert_eq!((r.status, r.allow), (405, Some(allow)), "{m} {p}");
+        }
+        assert_eq!(
+            route("POST", "/v1/transactions/3f9a0c1d5e7b2a64/delete")
+                .unwrap_err()
+                .status,
+            404
+        );
+        // Only what starts, commits or rolls back is privileged.
+        for (pattern, method, _) in ROUTES {
+            let path = pattern
+                .replace("{ns}", "default")
+                .replace("{name}", "p")
+                .replace("{id}", "0123456789abcdef");
+            let r = route(method, &path).unwrap();
+            let decides = pattern.starts_with("/v1/transactions") && (*method == "POST");
+            assert_eq!(r.privileged(), decides, "{method} {path}");
+        }
     }
 
     #[test]
@@ -300,7 +448,10 @@ mod tests {
     #[test]
     fn only_the_health_probes_are_open_without_the_token() {
         for (pattern, method, _) in ROUTES {
-            let path = pattern.replace("{ns}", "default").replace("{name}", "p");
+            let path = pattern
+                .replace("{ns}", "default")
+                .replace("{name}", "p")
+                .replace("{id}", "0123456789abcdef");
             let open = matches!(route(method, &path), Ok(Route::Healthz | Route::Readyz));
             assert_eq!(crate::api::guard::is_open_path(&path), open, "{path}");
         }
@@ -309,7 +460,10 @@ mod tests {
     #[test]
     fn the_route_table_lists_every_route() {
         for (pattern, method, codes) in ROUTES {
-            let path = pattern.replace("{ns}", "default").replace("{name}", "p");
+            let path = pattern
+                .replace("{ns}", "default")
+                .replace("{name}", "p")
+                .replace("{id}", "0123456789abcdef");
             assert!(route(method, &path).is_ok(), "{method} {path}");
             assert!(!codes.is_empty());
         }

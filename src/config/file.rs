@@ -95,6 +95,7 @@ pub(super) struct FileUpgrade {
     pub(super) rollback_timeout_secs: Option<u64>,
     pub(super) min_ready_floor_secs: Option<u64>,
     pub(super) prepull: Option<bool>,
+    pub(super) manual_commit_deadline_secs: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -307,6 +307,12 @@ pub(super) fn upgrade(u: FileUpgrade) -> Result<crate::upgrade::UpgradeConfig, C
             3_600,
         )?),
         prepull: u.prepull.unwrap_or(true),
+        manual_commit_deadline: Duration::from_secs(secs(
+            "upgrade.manual_commit_deadline_secs",
+            u.manual_commit_deadline_secs,
+            1800,
+            crate::api::transactions::MAX_TIMEOUT_SECS,
+        )?),
         ..Default::default()
     };
     Ok(upgrade)

@@ -8,7 +8,7 @@ use edgehub::local_client::{self as local, LocalClient};
 use super::{load_config, Cli};
 
 /// A client for this node's local API, from the same configuration `edgehub run` uses.
-fn local_client(cli: &Cli) -> anyhow::Result<LocalClient> {
+pub(crate) fn local_client(cli: &Cli) -> anyhow::Result<LocalClient> {
     let config = load_config(cli)?;
     Ok(LocalClient::for_config(
         &config,
@@ -136,7 +136,23 @@ pub fn logs(cli: &Cli, pod: &str, req: &local::LogsRequest<'_>) -> anyhow::Resul
     Ok(())
 }
 
-pub fn upgrade(cli: &Cli, pod: &str, wait: bool, timeout_secs: u64) -> anyhow::Result<()> {
+pub fn upgrade(
+    cli: &Cli,
+    pods: &[String],
+    wait: bool,
+    timeout: Option<&str>,
+) -> anyhow::Result<()> {
+    let pod = match pods {
+        [one] if !one.contains('@') => one.as_str(),
+        [_] => anyhow::bail!("NS/POD@REVISION needs --manual-commit"),
+        _ => anyhow::bail!("several pods are one transaction: add --manual-commit"),
+    };
+    let timeout_secs = match timeout {
+        Some(t) => edgehub::upgrade::txn::parse_duration(t)
+            .map_err(anyhow::Error::msg)?
+            .as_secs(),
+        None => 300,
+    };
     let path = local::upgrade_path(pod, "upgrade").map_err(anyhow::Error::msg)?;
     let client = local_client(cli)?;
     let a = client.post(&path)?;

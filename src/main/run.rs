@@ -194,6 +194,7 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
         images: Some(importer.clone()),
         image_gc: Some(image_gc_stats),
         identity: identity_handle,
+        commit_deadline: config.upgrade.manual_commit_deadline,
     });
     let mut servers = Vec::new();
     for l in listeners {

@@ -47,6 +47,28 @@ fn names_token_volume(v: &Value) -> bool {
         .is_some_and(|n| n.starts_with("kube-api-access-"))
 }
 
+/// A pod's spec as a template would say it: without the service-account token volume the
+/// admission plugin injected, or its mounts (which [`recreate_target`] adds back from the pod).
+pub fn without_token_volume(spec: &Value) -> Value {
+    let mut spec = spec.clone();
+    if let Some(vols) = spec.get_mut("volumes").and_then(Value::as_array_mut) {
+        vols.retain(|v| !names_token_volume(v));
+    }
+    for list in ["containers", "initContainers"] {
+        for c in spec
+            .get_mut(list)
+            .and_then(Value::as_array_mut)
+            .into_iter()
+            .flatten()
+        {
+            if let Some(mounts) = c.get_mut("volumeMounts").and_then(Value::as_array_mut) {
+                mounts.retain(|m| !names_token_volume(m));
+            }
+        }
+    }
+    spec
+}
+
 /// The pod as it runs after a recreate: the cached pod with the target template's spec. What
 /// the template does not say and the pod got from elsewhere stays: the node binding, the
 /// tolerations and affinity the DaemonSet controller added, and the service-account token

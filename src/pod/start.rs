@@ -109,18 +109,29 @@ pub async fn stop_and_remove<R: CriRuntime>(
     containers: &[String],
     grace_secs: i64,
 ) -> Result<(), CriError> {
-    let stops = containers
-        .iter()
-        .map(|c| async move { ignore_missing(cri.stop_container(c, grace_secs).await) });
-    for stopped in join_all(stops.collect()).await {
-        stopped?;
-    }
+    stop_all(cri, containers, grace_secs).await?;
     for c in containers {
         ignore_missing(cri.remove_container(c).await)?;
     }
     for s in sandboxes {
         ignore_missing(cri.stop_pod_sandbox(s).await)?;
         ignore_missing(cri.remove_pod_sandbox(s).await)?;
+    }
+    Ok(())
+}
+
+/// Stops the containers all at once (a pod takes one grace period to stop, not one per
+/// container), keeping them.
+pub async fn stop_all<R: CriRuntime>(
+    cri: &R,
+    containers: &[String],
+    grace_secs: i64,
+) -> Result<(), CriError> {
+    let stops = containers
+        .iter()
+        .map(|c| async move { ignore_missing(cri.stop_container(c, grace_secs).await) });
+    for stopped in join_all(stops.collect()).await {
+        stopped?;
     }
     Ok(())
 }

@@ -16,6 +16,9 @@ pub struct Effects {
     pub running: Option<RunningRevision>,
     /// The plan, fixed when the upgrade starts.
     pub plan: Option<String>,
+    /// The request's transaction rolls back for this reason, if no decision stands yet (a
+    /// member that fails takes the others with it, in the same write).
+    pub txn_rollback: Option<String>,
 }
 
 /// The revision a pod runs on the device, and the images that differ from its cached pod.
@@ -60,7 +63,9 @@ pub fn transition(
             "UPDATE requests SET state = ?3, error = COALESCE(?4, error), deadline_ms = ?5,
                  ready_since_ms = NULL, plan = COALESCE(?6, plan), updated_ms = ?7,
                  clock_boot = ?8, waiting = NULL
-             WHERE id = ?1 AND state = ?2",
+             WHERE id = ?1 AND state = ?2 AND NOT (?3 IN ('RollingBack', 'RolledBack') AND EXISTS (
+                 SELECT 1 FROM transaction_members m JOIN transactions t ON t.id = m.txn
+                 WHERE m.request_id = ?1 AND t.decision = 'commit'))",
         )?
         .execute(params![
             id,
@@ -72,8 +77,18 @@ pub fn transition(
             now_ms,
             crate::time::boot_id()
         ])?;
+    // Not moved: another writer moved it first, or it is a member of a committed transaction,
+    // which never rolls back (the manager was told it committed).
     if n == 0 {
         return Ok(false);
+    }
+    if let Some(reason) = &effects.txn_rollback {
+        tx.prepare_cached(
+            "UPDATE transactions SET decision = 'rollback', reason = ?2, updated_ms = ?3
+             WHERE decision IS NULL AND id = (
+                 SELECT txn FROM transaction_members WHERE request_id = ?1)",
+        )?
+        .execute(params![id, reason, now_ms])?;
     }
     let seq: i64 = tx
         .prepare_cached("SELECT COALESCE(MAX(seq), 0) + 1 FROM request_log WHERE request_id = ?1")?
@@ -355,7 +370,7 @@ impl super::Store {
             if !effects.events.is_empty() {
                 self.report_queued();
             }
-            if effects.running.is_some() {
+            if effects.running.is_some() || effects.txn_rollback.is_some() {
                 self.notify();
             }
         }

@@ -11,8 +11,9 @@
 //!
 //! Each file holds one part of the schema: its SQL and the `Store` methods over it (`open`:
 //! the file itself; `objects`, `cursors`: the cache; `requests`, `journal`: upgrades and the
-//! runtime map; `outbox`: reports; `sources`, `seal`: what pods reference, sealed). This file
-//! keeps the type, its errors and the wakeups.
+//! runtime map; `transactions`: upgrades the OTA manager commits; `outbox`: reports;
+//! `sources`, `seal`: what pods reference, sealed). This file keeps the type, its errors and
+//! the wakeups.
 
 mod cursors;
 mod journal;
@@ -23,16 +24,18 @@ mod requests;
 mod schema;
 pub mod seal;
 mod sources;
+mod transactions;
 
 pub use journal::{Effects, LogLine, RunningRevision};
 pub use objects::{ApplyStats, Change, StoredObject};
 pub use outbox::{EventSeries, OutboxRow, QueuedEvent, QueuedStatus, RowKind};
 pub use requests::{
-    NewRequest, Recorded, RequestKind, RequestRecord, HISTORY_PER_POD, TERMINAL_STATES,
+    new_uid, NewRequest, Recorded, RequestKind, RequestRecord, HISTORY_PER_POD, TERMINAL_STATES,
 };
 pub use schema::{APPLICATION_ID, LATEST as SCHEMA_VERSION};
 pub use seal::{DeviceKey, KeySource, SealError};
 pub use sources::{CachedSource, CachedToken, SealCounts};
+pub use transactions::{Decided, Decision, TxnCreated, TxnRecord, TRANSACTIONS_KEPT};
 
 use rusqlite::Connection;
 use std::fs::File;

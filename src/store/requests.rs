@@ -192,30 +192,33 @@ pub fn record(conn: &mut Connection, req: &NewRequest<'_>) -> Result<Recorded, S
                 .execute(params![id])?;
             id
         }
-        None => {
-            tx.prepare_cached(
-                "INSERT INTO requests (kind, pod_uid, namespace, name, from_hash, to_hash, state,
-                     created_ms, updated_ms, uid)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'Requested', ?7, ?7, ?8)",
-            )?
-            .execute(params![
-                req.kind.as_str(),
-                req.pod_uid,
-                req.namespace,
-                req.name,
-                req.from_hash,
-                req.to_hash,
-                now,
-                new_uid()
-            ])?;
-            tx.last_insert_rowid()
-        }
+        None => insert(&tx, req, now)?,
     };
     let rec = tx
         .prepare_cached(&format!("SELECT {COLUMNS} FROM requests WHERE id = ?1"))?
         .query_row(params![id], row)?;
     tx.commit()?;
     Ok(Recorded::New(rec))
+}
+
+/// Inserts a new request in state `Requested` with a new uid; returns its row id.
+pub(super) fn insert(conn: &Connection, req: &NewRequest<'_>, now: i64) -> rusqlite::Result<i64> {
+    conn.prepare_cached(
+        "INSERT INTO requests (kind, pod_uid, namespace, name, from_hash, to_hash, state,
+             created_ms, updated_ms, uid)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'Requested', ?7, ?7, ?8)",
+    )?
+    .execute(params![
+        req.kind.as_str(),
+        req.pod_uid,
+        req.namespace,
+        req.name,
+        req.from_hash,
+        req.to_hash,
+        now,
+        new_uid()
+    ])?;
+    Ok(conn.last_insert_rowid())
 }
 
 /// Keeps the newest [`HISTORY_PER_POD`] terminal requests of this pod and kind, and the

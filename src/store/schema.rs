@@ -219,6 +219,30 @@ const MIGRATIONS: &[&str] = &[
         seen_ms  INTEGER NOT NULL,
         boot     TEXT NOT NULL DEFAULT ''
     ) WITHOUT ROWID;",
+    // 12 -> 13: transactions, upgrades the OTA manager commits or rolls back. A transaction
+    // groups upgrade requests (its members, in install order) under one decision (NULL until
+    // the manager commits or something rolls it back) and one commit deadline, whose count of
+    // time spent Verified (`elapsed_ms`) is kept here, so it survives a reboot: `clock_ms` is
+    // the point on the boot clock of `clock_boot` the count was last brought up to (NULL while
+    // it does not run). Tables of their own, so existing request rows are untouched.
+    "CREATE TABLE IF NOT EXISTS transactions (
+        seq                INTEGER PRIMARY KEY AUTOINCREMENT,
+        id                 TEXT NOT NULL UNIQUE,
+        decision           TEXT,
+        reason             TEXT,
+        commit_timeout_ms  INTEGER NOT NULL,
+        elapsed_ms         INTEGER NOT NULL DEFAULT 0,
+        clock_boot         TEXT,
+        clock_ms           INTEGER,
+        created_ms         INTEGER NOT NULL,
+        updated_ms         INTEGER NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS transaction_members (
+        txn         TEXT NOT NULL,
+        position    INTEGER NOT NULL,
+        request_id  INTEGER NOT NULL UNIQUE,
+        PRIMARY KEY (txn, position)
+    ) WITHOUT ROWID;",
 ];
 
 /// The schema version this binary writes.

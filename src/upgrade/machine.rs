@@ -8,11 +8,18 @@
 //!
 //! ```text
 //! Requested -> Pulling -> Swapping -> Verifying -> Committed -> Done
-//!     |           |          |            |
-//!     +-----------+          +------------+--> RollingBack -> RolledBack
-//!     |  (nothing changed yet)                     |
-//!     +--> RolledBack                              +--> Failed (even the rollback failed)
+//!     |           |          |            |   \
+//!     +-----------+          +------------+    +-> Verified --commit--> Committed
+//!     |  (nothing changed yet)          |               |  (a transaction: the OTA
+//!     +--> RolledBack                   v               |   manager decides)
+//!                                  RollingBack <--------+ rollback, deadline, a failure
+//!                                       |
+//!                                       +--> RolledBack, or Failed (even the rollback failed)
 //! ```
+//!
+//! An upgrade of a transaction ([`super::txn`]) stops at Verified with the old revision kept,
+//! and goes on only as its transaction says ([`decided`]); its members start one after
+//! another ([`Journal::turn`]). A rollback ends once the old revision runs and is ready again.
 //!
 //! Every state but the terminal ones has a deadline, on the boot clock, and every deadline is
 //! enforced, even when the runtime does not answer ([`timed_out`]) or an input the upgrade
@@ -23,6 +30,7 @@
 //! container, anything else rolls back. Its old instance completed long ago and is never
 //! restored; the pod's app containers carry on as they were.
 
+pub use super::txn::Verdict;
 use std::time::Duration;
 
 /// Where an upgrade is. Stored as its name in the journal.
@@ -35,6 +43,10 @@ pub enum State {
     Swapping,
     /// The new containers run (and are ready) continuously for minReadySeconds.
     Verifying,
+    /// A transaction's upgrade, verified: the new revision runs, the old one is kept, and the
+    /// OTA manager decides (commit or rollback). No deadline of its own: the transaction's
+    /// commit deadline rolls it back.
+    Verified,
     /// The new revision is the pod's; the old containers are being removed.
     Committed,
     Done,
@@ -46,11 +58,12 @@ pub enum State {
 }
 
 impl State {
-    pub const ALL: [State; 9] = [
+    pub const ALL: [State; 10] = [
         State::Requested,
         State::Pulling,
         State::Swapping,
         State::Verifying,
+        State::Verified,
         State::Committed,
         State::Done,
         State::RollingBack,
@@ -64,6 +77,7 @@ impl State {
             State::Pulling => "Pulling",
             State::Swapping => "Swapping",
             State::Verifying => "Verifying",
+            State::Verified => "Verified",
             State::Committed => "Committed",
             State::Done => "Done",
             State::RollingBack => "RollingBack",
@@ -123,7 +137,7 @@ impl Deadlines {
             State::Verifying => Some(self.verifying + hold),
             State::Committed => Some(self.committing),
             State::RollingBack => Some(self.rolling_back),
-            State::Done | State::RolledBack | State::Failed => None,
+            State::Verified | State::Done | State::RolledBack | State::Failed => None,
         }
     }
 }
@@ -138,6 +152,13 @@ pub struct Journal {
     pub ready_since_ms: Option<i64>,
     /// How long they must hold: minReadySeconds, at least the configured floor.
     pub hold: Duration,
+    /// A transaction's upgrade: it stops at Verified for the OTA manager's decision.
+    pub manual: bool,
+    /// Its transaction's decision, if one stands.
+    pub verdict: Option<Verdict>,
+    /// Whether it may start: the members of its transaction before it are Verified (always,
+    /// outside a transaction).
+    pub turn: bool,
 }
 
 /// A container as the machine sees it.
@@ -188,6 +209,9 @@ pub struct Observed {
     pub target_unavailable: Option<String>,
     /// Why the old revision cannot be translated now: nothing can be restored from it.
     pub old_unavailable: Option<String>,
+    /// Recreate: each app container of the old revision, its instance in the old sandbox (what
+    /// a rollback restores there); empty in place, where `pairs` says it.
+    pub restore: Vec<Pair>,
 }
 
 /// A sandbox as the machine sees it.
@@ -195,6 +219,8 @@ pub struct Observed {
 pub struct Pod {
     pub id: String,
     pub ready: bool,
+    /// Some container of it runs.
+    pub running: bool,
 }
 
 /// The recreate path: the pod's old sandbox and the one this upgrade made.
@@ -202,8 +228,20 @@ pub struct Pod {
 pub struct Sandboxes {
     pub old: Option<Pod>,
     pub new: Option<Pod>,
-    /// Host network or host ports: the old sandbox must stop before the new one starts.
-    pub stop_first: bool,
+    /// What of the old pod must stop before the new sandbox starts.
+    pub stop_first: StopFirst,
+}
+
+/// What of the old pod must stop before a new sandbox starts beside it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopFirst {
+    /// On the pod network without host ports: nothing, the two run side by side.
+    Nothing,
+    /// Host network: its containers (they bind the host's ports); the sandbox, which has no
+    /// network of its own, stays for a rollback.
+    Containers,
+    /// Host ports on the pod network: the sandbox itself (its port mappings).
+    Sandbox,
 }
 
 /// The one next thing to do.
@@ -231,6 +269,9 @@ pub enum Step {
     CreatePod,
     /// Recreate: stop a sandbox and its containers (grace period), keeping them.
     StopPod(String),
+    /// Recreate: stop a sandbox's containers (grace period), keeping them and the sandbox
+    /// running, so a rollback restores the old revision in it.
+    StopContainers(String),
     /// Recreate: stop and remove a sandbox and its containers.
     RemovePod(String),
     /// Record since when all new containers have been ready (`None`: they are not).
@@ -247,11 +288,32 @@ fn exited(s: &Option<Seen>) -> Option<&Seen> {
     s.as_ref().filter(|s| s.state == Run::Exited)
 }
 
+/// What the upgrade's transaction decides for it, whatever the runtime shows: a rollback
+/// (nothing changed yet: it ends; otherwise it rolls back), a commit of a Verified upgrade, or
+/// a wait for its turn. `None`: the runtime decides. The engine asks this before it looks at
+/// the runtime, so a decision is carried out even while the runtime does not answer.
+pub fn decided(j: &Journal) -> Option<Step> {
+    match (&j.verdict, j.state) {
+        (Some(Verdict::Rollback(why)), State::Requested | State::Pulling) => {
+            Some(Step::Go(State::RolledBack, Some(why.clone())))
+        }
+        (Some(Verdict::Rollback(why)), State::Swapping | State::Verifying | State::Verified) => {
+            Some(Step::Go(State::RollingBack, Some(why.clone())))
+        }
+        (Some(Verdict::Commit), State::Verified) => Some(Step::Go(State::Committed, None)),
+        (None, State::Requested) if !j.turn => Some(Step::Wait),
+        _ => None,
+    }
+}
+
 /// The next step of an upgrade.
 pub fn next(j: &Journal, o: &Observed, now_ms: i64) -> Step {
+    if let Some(step) = decided(j) {
+        return step;
+    }
     let overdue = past(j.deadline_ms, now_ms);
     if let Some(sb) = &o.recreate {
-        if let Some(step) = next_recreate(j, o, sb, overdue) {
+        if let Some(step) = recreate::next(j, o, sb, overdue) {
             return step;
         }
     }
@@ -378,10 +440,49 @@ pub fn next(j: &Journal, o: &Observed, now_ms: i64) -> Step {
                 (false, Some(_)) => Step::MarkReady(None),
                 (true, None) => Step::MarkReady(Some(now_ms)),
                 (true, Some(since)) if now_ms - since >= j.hold.as_millis() as i64 => {
-                    Step::Go(State::Committed, None)
+                    // A transaction's upgrade waits there for the OTA manager.
+                    Step::Go(
+                        if j.manual {
+                            State::Verified
+                        } else {
+                            State::Committed
+                        },
+                        None,
+                    )
                 }
                 (true, Some(_)) => Step::Wait,
             }
+        }
+        State::Verified => {
+            // The pod no longer runs (a reboot stopped its sandbox): the new revision is
+            // started again, and verified again, still uncommitted.
+            if !o.sandbox_ready {
+                return Step::Go(State::Swapping, None);
+            }
+            for p in &o.pairs {
+                match &p.new {
+                    None => {
+                        return Step::Go(
+                            State::RollingBack,
+                            Some(format!(
+                                "new container {} is gone before the commit",
+                                p.name
+                            )),
+                        )
+                    }
+                    Some(n) if n.state == Run::Exited => {
+                        return Step::Go(
+                            State::RollingBack,
+                            Some(format!(
+                                "new container {} exited with code {} before the commit",
+                                p.name, n.exit_code
+                            )),
+                        )
+                    }
+                    Some(_) => {}
+                }
+            }
+            Step::Wait
         }
         State::Committed => {
             if overdue {
@@ -400,10 +501,7 @@ pub fn next(j: &Journal, o: &Observed, now_ms: i64) -> Step {
         }
         State::RollingBack => {
             if overdue {
-                return Step::Go(
-                    State::Failed,
-                    Some("the rollback did not finish in time".into()),
-                );
+                return Step::Go(State::Failed, Some(rollback_overdue(&o.pairs)));
             }
             // The new init containers go; the old ones completed long ago and stay as they are.
             for p in &o.inits {
@@ -428,6 +526,10 @@ pub fn next(j: &Journal, o: &Observed, now_ms: i64) -> Step {
                         }
                     }
                 }
+            }
+            // Verified again: the restored containers pass their readiness probes.
+            if unready(&o.pairs).next().is_some() {
+                return Step::Wait;
             }
             Step::Go(State::RolledBack, None)
         }
@@ -468,6 +570,31 @@ fn remove_new(p: &Pair) -> Option<Step> {
     })
 }
 
+/// The restored old containers not ready yet.
+fn unready(pairs: &[Pair]) -> impl Iterator<Item = &str> {
+    pairs
+        .iter()
+        .filter(|p| p.old.as_ref().is_some_and(|o| o.ready == Some(false)))
+        .map(|p| p.name.as_str())
+}
+
+/// Why an overdue rollback failed: the old revision runs but is not ready, or it did not
+/// come back at all.
+fn rollback_overdue(pairs: &[Pair]) -> String {
+    let running = pairs
+        .iter()
+        .all(|p| p.old.as_ref().is_some_and(|o| o.state == Run::Running));
+    let not: Vec<&str> = unready(pairs).collect();
+    if running && !not.is_empty() {
+        format!(
+            "the old revision runs again but is not ready in time: {}",
+            not.join(", ")
+        )
+    } else {
+        "the rollback did not finish in time".into()
+    }
+}
+
 /// What an overdue state becomes when the runtime cannot even be observed (it does not
 /// answer): the journal moves on by itself, so no state outlives its deadline. `cause` says
 /// what stood in the way.
@@ -478,104 +605,14 @@ pub fn timed_out(state: State, cause: &str) -> Option<Step> {
         State::RollingBack => (State::Failed, "the rollback did not finish"),
         // Committed: the new revision is recorded; only old containers may be left over.
         State::Committed => return Some(Step::Go(State::Done, None)),
-        State::Done | State::RolledBack | State::Failed => return None,
+        // Verified has no deadline: its transaction's commit deadline decides for it.
+        State::Verified | State::Done | State::RolledBack | State::Failed => return None,
     };
     Some(Step::Go(to, Some(format!("{why} in time: {cause}"))))
 }
 
-/// The recreate path's steps where they differ from in place: at sandbox granularity.
-/// `None` defers to the shared rules (Pulling, Verifying, terminal states).
-fn next_recreate(j: &Journal, o: &Observed, sb: &Sandboxes, overdue: bool) -> Option<Step> {
-    fn ready(p: &Option<Pod>) -> Option<&Pod> {
-        p.as_ref().filter(|p| p.ready)
-    }
-    Some(match j.state {
-        State::Swapping => {
-            if overdue {
-                return Some(Step::Go(
-                    State::RollingBack,
-                    Some("the new pod did not start in time".into()),
-                ));
-            }
-            if let Some(why) = &o.target_unavailable {
-                return Some(Step::Go(
-                    State::RollingBack,
-                    Some(format!("the target revision cannot run: {why}")),
-                ));
-            }
-            if let Some(old) = ready(&sb.old).filter(|_| sb.stop_first) {
-                return Some(Step::StopPod(old.id.clone()));
-            }
-            if ready(&sb.new).is_none() {
-                return Some(match &sb.new {
-                    // A new sandbox that died: start over from a clean one.
-                    Some(dead) => Step::RemovePod(dead.id.clone()),
-                    None => Step::CreatePod,
-                });
-            }
-            // Init containers first, one at a time, each to success.
-            for p in &o.inits {
-                match &p.new {
-                    None => return Some(Step::CreateNew(p.name.clone())),
-                    Some(n) if n.state == Run::Created => return Some(Step::Start(n.id.clone())),
-                    Some(n) if n.state == Run::Exited && n.exit_code == 0 => continue,
-                    Some(n) if n.state == Run::Exited => {
-                        return Some(Step::Go(
-                            State::RollingBack,
-                            Some(format!(
-                                "new init container {} exited with code {}",
-                                p.name, n.exit_code
-                            )),
-                        ))
-                    }
-                    Some(_) => return Some(Step::Wait),
-                }
-            }
-            for p in &o.pairs {
-                match &p.new {
-                    None => return Some(Step::CreateNew(p.name.clone())),
-                    Some(n) if n.state == Run::Exited => {
-                        return Some(Step::Go(
-                            State::RollingBack,
-                            Some(format!(
-                                "new container {} exited with code {}",
-                                p.name, n.exit_code
-                            )),
-                        ))
-                    }
-                    Some(n) if n.state == Run::Created => return Some(Step::Start(n.id.clone())),
-                    Some(_) => {}
-                }
-            }
-            match ready(&sb.old) {
-                Some(old) => Step::StopPod(old.id.clone()),
-                None => Step::Go(State::Verifying, None),
-            }
-        }
-        State::Committed => match &sb.old {
-            Some(old) if !overdue => Step::RemovePod(old.id.clone()),
-            _ => Step::Go(State::Done, None),
-        },
-        State::RollingBack => {
-            if overdue {
-                return Some(Step::Go(
-                    State::Failed,
-                    Some("the rollback did not finish in time".into()),
-                ));
-            }
-            if let Some(new) = &sb.new {
-                return Some(Step::RemovePod(new.id.clone()));
-            }
-            // A stopped old sandbox cannot run again: it goes, and the runtime starts the
-            // pod afresh from the old spec once the engine lets go of it.
-            match &sb.old {
-                Some(old) if !old.ready => Step::RemovePod(old.id.clone()),
-                _ => Step::Go(State::RolledBack, None),
-            }
-        }
-        _ => return None,
-    })
-}
+#[path = "machine_recreate.rs"]
+mod recreate;
 
 #[cfg(test)]
 #[path = "machine_tests.rs"]

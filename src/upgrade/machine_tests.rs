@@ -15,6 +15,18 @@ fn journal(state: State) -> Journal {
         deadline_ms: Some(10_000),
         ready_since_ms: None,
         hold: Duration::from_secs(5),
+        manual: false,
+        verdict: None,
+        turn: true,
+    }
+}
+
+/// A transaction's upgrade in `state`, with its transaction's `verdict`.
+fn member(state: State, verdict: Option<Verdict>) -> Journal {
+    Journal {
+        manual: true,
+        verdict,
+        ..journal(state)
     }
 }
 
@@ -27,6 +39,7 @@ fn observed(pairs: Vec<Pair>) -> Observed {
         inits: Vec::new(),
         target_unavailable: None,
         old_unavailable: None,
+        restore: Vec::new(),
     }
 }
 
@@ -34,10 +47,29 @@ fn pod(id: &str, ready: bool) -> Option<Pod> {
     Some(Pod {
         id: id.into(),
         ready,
+        running: ready,
     })
 }
 
-fn recreate(old: Option<Pod>, new: Option<Pod>, stop_first: bool, pairs: Vec<Pair>) -> Observed {
+/// A ready sandbox whose containers were stopped (kept for a rollback).
+fn kept(id: &str) -> Option<Pod> {
+    Some(Pod {
+        id: id.into(),
+        ready: true,
+        running: false,
+    })
+}
+
+const NOTHING: StopFirst = StopFirst::Nothing;
+const CONTAINERS: StopFirst = StopFirst::Containers;
+const SANDBOX: StopFirst = StopFirst::Sandbox;
+
+fn recreate(
+    old: Option<Pod>,
+    new: Option<Pod>,
+    stop_first: StopFirst,
+    pairs: Vec<Pair>,
+) -> Observed {
     Observed {
         recreate: Some(Sandboxes {
             old,
@@ -255,38 +287,49 @@ fn the_swap_never_leaves_a_pod_without_a_running_or_startable_container() {
 fn recreate_starts_the_new_pod_before_stopping_the_old_unless_ports_force_stop_first() {
     let j = journal(State::Swapping);
     // Pod network: new first.
-    let o = recreate(pod("old", true), None, false, vec![pair(None, None)]);
+    let o = recreate(pod("old", true), None, NOTHING, vec![pair(None, None)]);
     assert_eq!(next(&j, &o, 0), Step::CreatePod);
     let o = recreate(
         pod("old", true),
         pod("new", true),
-        false,
+        NOTHING,
         vec![pair(None, seen("c", Run::Created))],
     );
     assert_eq!(next(&j, &o, 0), Step::Start("c".into()));
+    // Then the old pod's containers stop; its sandbox stays for a rollback.
     let o = recreate(
         pod("old", true),
         pod("new", true),
-        false,
+        NOTHING,
         vec![pair(None, seen("c", Run::Running))],
     );
+    assert_eq!(next(&j, &o, 0), Step::StopContainers("old".into()));
+    for old in [kept("old"), pod("old", false), None] {
+        let o = recreate(
+            old,
+            pod("new", true),
+            NOTHING,
+            vec![pair(None, seen("c", Run::Running))],
+        );
+        assert_eq!(next(&j, &o, 0), Step::Go(State::Verifying, None));
+    }
+    // Host network: the old containers stop first (they bind the host's ports), the sandbox
+    // stays.
+    let o = recreate(pod("old", true), None, CONTAINERS, vec![pair(None, None)]);
+    assert_eq!(next(&j, &o, 0), Step::StopContainers("old".into()));
+    let o = recreate(kept("old"), None, CONTAINERS, vec![pair(None, None)]);
+    assert_eq!(next(&j, &o, 0), Step::CreatePod);
+    // Host ports on the pod network: the old sandbox itself stops first.
+    let o = recreate(pod("old", true), None, SANDBOX, vec![pair(None, None)]);
     assert_eq!(next(&j, &o, 0), Step::StopPod("old".into()));
-    let o = recreate(
-        pod("old", false),
-        pod("new", true),
-        false,
-        vec![pair(None, seen("c", Run::Running))],
-    );
-    assert_eq!(next(&j, &o, 0), Step::Go(State::Verifying, None));
-    // Host network: the old one stops first.
-    let o = recreate(pod("old", true), None, true, vec![pair(None, None)]);
+    let o = recreate(kept("old"), None, SANDBOX, vec![pair(None, None)]);
     assert_eq!(next(&j, &o, 0), Step::StopPod("old".into()));
-    let o = recreate(pod("old", false), None, true, vec![pair(None, None)]);
+    let o = recreate(pod("old", false), None, SANDBOX, vec![pair(None, None)]);
     assert_eq!(next(&j, &o, 0), Step::CreatePod);
     let o = recreate(
         pod("old", false),
         pod("new", false),
-        true,
+        SANDBOX,
         vec![pair(None, None)],
     );
     assert_eq!(next(&j, &o, 0), Step::RemovePod("new".into()));
@@ -297,7 +340,7 @@ fn recreate_commits_by_removing_the_old_pod_and_rolls_back_by_removing_the_new()
     let o = recreate(
         pod("old", false),
         pod("new", true),
-        true,
+        CONTAINERS,
         vec![pair(None, seen("c", Run::Running))],
     );
     assert_eq!(
@@ -307,7 +350,7 @@ fn recreate_commits_by_removing_the_old_pod_and_rolls_back_by_removing_the_new()
     let o = recreate(
         None,
         pod("new", true),
-        true,
+        CONTAINERS,
         vec![pair(None, seen("c", Run::Running))],
     );
     assert_eq!(
@@ -318,15 +361,15 @@ fn recreate_commits_by_removing_the_old_pod_and_rolls_back_by_removing_the_new()
     let o = recreate(
         pod("old", false),
         pod("new", true),
-        true,
+        CONTAINERS,
         vec![pair(None, seen("c", Run::Running))],
     );
     assert_eq!(next(&j, &o, 0), Step::RemovePod("new".into()));
-    let o = recreate(pod("old", false), None, true, vec![pair(None, None)]);
+    let o = recreate(pod("old", false), None, CONTAINERS, vec![pair(None, None)]);
     assert_eq!(next(&j, &o, 0), Step::RemovePod("old".into()));
-    let o = recreate(pod("old", true), None, false, vec![pair(None, None)]);
+    let o = recreate(pod("old", true), None, NOTHING, vec![pair(None, None)]);
     assert_eq!(next(&j, &o, 0), Step::Go(State::RolledBack, None));
-    let o = recreate(None, None, true, vec![pair(None, None)]);
+    let o = recreate(None, None, CONTAINERS, vec![pair(None, None)]);
     assert_eq!(next(&j, &o, 0), Step::Go(State::RolledBack, None));
 }
 
@@ -336,7 +379,7 @@ fn recreate_runs_init_containers_to_success_before_the_app() {
     let mut o = recreate(
         pod("old", false),
         pod("new", true),
-        true,
+        CONTAINERS,
         vec![pair(None, None)],
     );
     o.inits = vec![Pair {
@@ -434,7 +477,7 @@ fn a_commit_past_its_deadline_is_done_the_rest_is_the_runtimes() {
         next(&journal(State::Committed), &o, 10_000),
         Step::Go(State::Done, None)
     );
-    let r = recreate(pod("old", false), pod("new", true), false, vec![]);
+    let r = recreate(pod("old", false), pod("new", true), NOTHING, vec![]);
     assert_eq!(
         next(&journal(State::Committed), &r, 10_000),
         Step::Go(State::Done, None)
@@ -503,11 +546,18 @@ fn every_open_state_times_out_even_unobserved() {
             }
             State::RollingBack => assert!(matches!(step, Some(Step::Go(State::Failed, Some(_))))),
             State::Committed => assert_eq!(step, Some(Step::Go(State::Done, None))),
+            // Its transaction's commit deadline decides for it.
+            State::Verified => assert_eq!(step, None),
             State::Done | State::RolledBack | State::Failed => assert_eq!(step, None),
         }
         assert!(
-            s.is_terminal() || Deadlines::default().of(s, Duration::ZERO).is_some(),
+            s.is_terminal()
+                || s == State::Verified
+                || Deadlines::default().of(s, Duration::ZERO).is_some(),
             "{s} has a deadline"
         );
     }
 }
+
+#[path = "machine_txn_tests.rs"]
+mod txn;

@@ -18,6 +18,8 @@ pub mod plan;
 mod prepull;
 mod record;
 pub mod steps;
+pub mod txn;
+mod txn_watch;
 
 pub use prepull::{registry_of, target_images};
 
@@ -63,6 +65,9 @@ pub struct UpgradeConfig {
     pub poll: Duration,
     /// While online, pull a new update revision's images as soon as it appears.
     pub prepull: bool,
+    /// A transaction's commit deadline when it asks for none: nobody committing within it
+    /// rolls the transaction back.
+    pub manual_commit_deadline: Duration,
 }
 
 impl Default for UpgradeConfig {
@@ -72,6 +77,7 @@ impl Default for UpgradeConfig {
             min_ready_floor: Duration::from_secs(2),
             poll: Duration::from_millis(200),
             prepull: true,
+            manual_commit_deadline: Duration::from_secs(1800),
         }
     }
 }
@@ -188,6 +194,9 @@ impl<R: CriRuntime + 'static> Engine<R> {
                     }
                 }
                 Err(e) => tracing::warn!(error = %e, "cannot read the upgrade requests"),
+            }
+            if let Err(e) = self.watch_transactions() {
+                tracing::warn!(error = %e, "cannot look at the open transactions");
             }
             let now = (*changes.borrow(), self.online());
             if looked != Some(now) {
@@ -310,6 +319,22 @@ impl<R: CriRuntime + 'static> Engine<R> {
         if state.is_terminal() {
             return Ok(true);
         }
+        // A transaction's upgrade starts once the one before it is Verified, and goes on as
+        // the transaction decides.
+        let gate = self.store.transaction_of(id)?.map(|t| txn::gate(&t, id));
+        if let Some(g) = gate
+            .as_ref()
+            .filter(|g| state == State::Requested && !g.turn && g.verdict.is_none())
+        {
+            // No deadline yet: the wait for its turn is not the state's time.
+            let why = format!(
+                "waiting for {} of its transaction to be Verified",
+                g.after.as_deref().unwrap_or("the pod before it")
+            );
+            self.waiting(&rec, Some(&why))?;
+            tokio::time::sleep(self.config.poll).await;
+            return Ok(false);
+        }
         let clock = crate::time::boot_ms();
         let hold_ms = rec
             .plan
@@ -356,6 +381,15 @@ impl<R: CriRuntime + 'static> Engine<R> {
             }
         }
 
+        let mut journal = Journal {
+            state,
+            deadline_ms: deadline,
+            ready_since_ms: rec.ready_since(),
+            hold: Duration::from_millis(hold_ms),
+            manual: gate.is_some(),
+            verdict: gate.as_ref().and_then(|g| g.verdict.clone()),
+            turn: gate.as_ref().is_none_or(|g| g.turn),
+        };
         let ctx = match self.context(&rec)? {
             Ok(c) => c,
             Err(Blocked::Wait(why)) => {
@@ -374,6 +408,16 @@ impl<R: CriRuntime + 'static> Engine<R> {
                 return Ok(true);
             }
         };
+        journal.hold = Duration::from_millis(ctx.plan.hold_ms);
+        // The transaction's decision needs nothing of the runtime: carried out at once, even
+        // while the runtime does not answer.
+        if let Some(step) = machine::decided(&journal) {
+            match step {
+                Step::Go(to, error) => self.go(&rec, state, to, error, Some(&ctx), None)?,
+                _ => tokio::time::sleep(self.config.poll).await,
+            }
+            return Ok(false);
+        }
         let now = match steps::pod_now(
             &mut st.observer,
             &*self.cri,
@@ -412,18 +456,12 @@ impl<R: CriRuntime + 'static> Engine<R> {
             &now,
             &ctx.plan,
             plans.target.as_ref().map_err(String::as_str),
-            plans.old.as_ref().err().cloned(),
+            plans.old.as_ref().map_err(String::as_str),
             &rec.uid,
-            state == State::Pulling,
+            steps::Look::at(state),
             &mut st.readiness,
         )
         .await?;
-        let journal = Journal {
-            state,
-            deadline_ms: deadline,
-            ready_since_ms: rec.ready_since(),
-            hold: Duration::from_millis(ctx.plan.hold_ms),
-        };
         let step = machine::next(&journal, &observed, crate::time::boot_ms());
         tracing::debug!(upgrade = id, pod = %rec.name, state = %state, step = ?step, "upgrade step");
         // What stands in the way while the machine waits, for the OTA manager to read.
@@ -453,10 +491,19 @@ impl<R: CriRuntime + 'static> Engine<R> {
             Step::Go(to, error) => {
                 // From Swapping on the engine holds the pod; the next round takes the hold
                 // and looks again before it touches anything.
-                let plan = if state == State::Pulling && to == State::Swapping {
-                    Some(self.without_noops(&ctx, &now).await?)
-                } else {
-                    None
+                let plan = match (state, to) {
+                    (State::Pulling, State::Swapping) => {
+                        Some(self.without_noops(&ctx, &now).await?)
+                    }
+                    // The pod stopped running while Verified (a reboot): its new revision
+                    // starts again as a new sandbox from the target spec.
+                    (State::Verified, State::Swapping) if ctx.plan.mode == Mode::InPlace => {
+                        tracing::info!(upgrade = id, pod = %rec.name,
+                            "the pod no longer runs; its new revision starts again in a new sandbox");
+                        let again = plan::rerun(&ctx.plan, &ctx.target_json);
+                        Some(serde_json::to_string(&again).unwrap_or_default())
+                    }
+                    _ => None,
                 };
                 self.go(&rec, state, to, error, Some(&ctx), plan)?;
             }
@@ -538,6 +585,7 @@ impl<R: CriRuntime + 'static> Engine<R> {
                 }
             }
             Step::StopPod(sb) => steps::stop_pod(cri, &now, &sb, grace, false).await?,
+            Step::StopContainers(sb) => steps::stop_containers(cri, &now, &sb, grace).await?,
             Step::RemovePod(sb) => steps::stop_pod(cri, &now, &sb, grace, true).await?,
             Step::MarkReady(since) => self.store.set_ready_since(id, state.as_str(), since)?,
             Step::Wait => tokio::time::sleep(self.config.poll).await,
@@ -561,6 +609,7 @@ fn step_name(s: &Step) -> &'static str {
         Step::RemoveOld(_) => "RemoveOld",
         Step::CreatePod => "CreatePod",
         Step::StopPod(_) => "StopPod",
+        Step::StopContainers(_) => "StopContainers",
         Step::RemovePod(_) => "RemovePod",
         Step::MarkReady(_) => "MarkReady",
         Step::Wait => "Wait",

@@ -96,6 +96,22 @@ pub fn make(
     })
 }
 
+/// An in-place upgrade whose pod stopped running while Verified (a reboot stopped its sandbox,
+/// and a stopped sandbox cannot run again): it goes on as a recreate of the pod it was going
+/// to run, `target_pod` (the pod with the new images), so a new sandbox runs its new revision,
+/// init containers first. A recreate plan stays as it is.
+pub fn rerun(plan: &UpgradePlan, target_pod: &Value) -> UpgradePlan {
+    let mut again = plan.clone();
+    if plan.mode == Mode::InPlace {
+        again.mode = Mode::Recreate;
+        again.recreate_because = vec!["the pod stopped running before the commit".into()];
+        again.target_spec = target_pod
+            .get("spec")
+            .map(crate::pod::running::without_token_volume);
+    }
+    again
+}
+
 /// The images each container runs after the upgrade, for the ones that change.
 pub fn images(plan: &UpgradePlan) -> BTreeMap<String, String> {
     plan.changes
@@ -119,6 +135,38 @@ mod tests {
                 {"name": "app", "image": image, "env": [{"name": "E", "value": env}]},
                 {"name": "side", "image": "side:1"}]}}),
         }
+    }
+
+    #[test]
+    fn an_in_place_upgrade_runs_again_as_a_recreate_of_its_target_pod() {
+        let revs = [rev("a", 1, "app:1", "x"), rev("b", 2, "app:2", "x")];
+        let p = make(Some("a"), "b", &revs, 0, 2000).unwrap();
+        let pod = json!({"metadata": {"name": "p"}, "spec": {
+            "volumes": [{"name": "data"}, {"name": "kube-api-access-x1"}],
+            "containers": [{"name": "app", "image": "app:2", "volumeMounts": [
+                {"name": "data"}, {"name": "kube-api-access-x1"}]}]}});
+        let again = rerun(&p, &pod);
+        assert_eq!(again.mode, Mode::Recreate);
+        assert_eq!(again.hold_ms, p.hold_ms);
+        assert_eq!(
+            again.target_spec,
+            Some(json!({"volumes": [{"name": "data"}],
+                "containers": [{"name": "app", "image": "app:2",
+                    "volumeMounts": [{"name": "data"}]}]})),
+            "the token volume comes back from the pod, not twice"
+        );
+        // The target, built from it as a recreate's is, is the pod it was going to run.
+        let mut target = pod.clone();
+        crate::pod::running::recreate_target(&mut target, again.target_spec.as_ref().unwrap(), "b");
+        assert_eq!(target["spec"]["containers"][0]["image"], "app:2");
+        assert_eq!(target["spec"]["volumes"].as_array().unwrap().len(), 2);
+        // A recreate stays one.
+        let r = UpgradePlan {
+            mode: Mode::Recreate,
+            target_spec: Some(json!({"containers": []})),
+            ..p.clone()
+        };
+        assert_eq!(rerun(&r, &pod), r);
     }
 
     #[test]

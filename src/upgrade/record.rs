@@ -69,6 +69,17 @@ impl<R: CriRuntime + 'static> Engine<R> {
                 ctx.filter(|_| from == State::Requested)
                     .map(|c| serde_json::to_string(&c.plan).unwrap_or_default())
             }),
+            // An upgrade of a transaction that fails takes the others with it (applied only
+            // to a member, and only while nothing is decided).
+            txn_rollback: matches!(to, State::RollingBack | State::RolledBack | State::Failed)
+                .then(|| {
+                    format!(
+                        "pod {}/{}: {}",
+                        rec.namespace,
+                        rec.name,
+                        error.as_deref().unwrap_or("rolled back")
+                    )
+                }),
             ..Default::default()
         };
         let event = |kind: &str, reason: &str, message: String| -> Option<QueuedEvent> {

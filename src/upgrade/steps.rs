@@ -2,7 +2,7 @@
 //! carried out against the CRI. Every step is idempotent: an object already gone counts as
 //! removed, and a container is told old from new by the upgrade id label it carries.
 
-use super::machine::{Observed, Pair, Pod as MPod, Run, Sandboxes, Seen};
+use super::machine::{Observed, Pair, Pod as MPod, Run, Sandboxes, Seen, State, StopFirst};
 use super::plan::{Mode, UpgradePlan};
 use crate::cri::{api, labels, CriError, CriRuntime};
 use crate::pod::observe::{
@@ -196,22 +196,76 @@ impl Readiness {
     }
 }
 
+/// What a round looks at besides the containers, by state: the images (Pulling), the new
+/// containers' readiness (while they are verified), the restored old ones' (a rollback).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Look {
+    pub images: bool,
+    pub probe_new: bool,
+    pub probe_old: bool,
+}
+
+impl Look {
+    pub fn at(state: State) -> Look {
+        Look {
+            images: state == State::Pulling,
+            probe_new: matches!(state, State::Swapping | State::Verifying),
+            probe_old: state == State::RollingBack,
+        }
+    }
+}
+
+/// Where a plan's httpGet and tcpSocket probes go: the pod's address (the sandbox's on the pod
+/// network, the node's with host network), as the runtime's probes do.
+fn probe_ip(p: Option<&PodPlan>) -> String {
+    p.and_then(|t| t.pod_ip.clone())
+        .unwrap_or_else(|| "127.0.0.1".into())
+}
+
+fn readiness_of<'a>(p: Option<&'a PodPlan>, name: &str) -> Option<&'a ProbeSpec> {
+    p?.containers
+        .iter()
+        .find(|c| c.name == name)
+        .and_then(|c| c.readiness.as_ref())
+}
+
+/// A container seen with its readiness: probed (when `probe` and it runs), else unknown for
+/// one without a probe, not ready for one with a probe that does not run.
+async fn seen_probed<R: CriRuntime>(
+    cri: &R,
+    now: &PodNow,
+    c: &api::Container,
+    spec: Option<&ProbeSpec>,
+    ip: &str,
+    probe: bool,
+    readiness: &mut Readiness,
+) -> Seen {
+    let ready = if !probe {
+        None
+    } else if c.state == api::ContainerState::ContainerRunning as i32 {
+        readiness.check(cri, &c.id, ip, spec).await
+    } else {
+        spec.map(|_| false)
+    };
+    seen(now, c, ready)
+}
+
 /// What the machine needs: missing target images, and each changed container's old and new.
-/// `target` is `Err(why)` when the target revision cannot be translated now; then only what
-/// a rollback needs is observed.
+/// `target` (`old`) is `Err(why)` when the target (old) revision cannot be translated now;
+/// then only what the other side needs is observed.
 #[allow(clippy::too_many_arguments)]
 pub async fn observe<R: CriRuntime>(
     cri: &R,
     now: &PodNow,
     plan: &UpgradePlan,
     target: Result<&PodPlan, &str>,
-    old_unavailable: Option<String>,
+    old: Result<&PodPlan, &str>,
     upgrade_id: &str,
-    check_images: bool,
+    look: Look,
     readiness: &mut Readiness,
 ) -> Result<Observed, CriError> {
     let mut missing = Vec::new();
-    if check_images {
+    if look.images {
         let wanted: Vec<&String> = match (&plan.mode, target) {
             (Mode::InPlace, _) => plan.changes.iter().map(|c| &c.to).collect(),
             (Mode::Recreate, Ok(t)) => t
@@ -229,46 +283,37 @@ pub async fn observe<R: CriRuntime>(
         }
     }
     let target_unavailable = target.err().map(str::to_string);
-    let target = target.ok();
-    // Where httpGet and tcpSocket probes go: the pod's address (the sandbox's on the pod
-    // network, the node's with host network), as the runtime's probes do.
-    let ip = target
-        .and_then(|t| t.pod_ip.clone())
-        .unwrap_or_else(|| "127.0.0.1".into());
+    let old_unavailable = old.err().map(str::to_string);
+    let (target, old) = (target.ok(), old.ok());
     let mut o = if plan.mode == Mode::Recreate {
-        observe_recreate(now, target, upgrade_id, missing, &ip, cri, readiness).await
+        observe_recreate(now, target, old, upgrade_id, missing, look, cri, readiness).await
     } else {
-        let spec_of = |name: &str| {
-            target.and_then(|t| {
-                t.containers
-                    .iter()
-                    .find(|c| c.name == name)
-                    .and_then(|c| c.readiness.as_ref())
-            })
-        };
+        let (ip, old_ip) = (probe_ip(target), probe_ip(old));
         let mut pairs = Vec::new();
         let mut inits = Vec::new();
         for ch in &plan.changes {
-            let (old, new) = now.pair(&ch.container, upgrade_id);
-            let old = old.map(|c| seen(now, c, None));
+            let (was, new) = now.pair(&ch.container, upgrade_id);
+            let was = match was {
+                Some(c) if !ch.init => {
+                    let spec = readiness_of(old, &ch.container);
+                    Some(seen_probed(cri, now, c, spec, &old_ip, look.probe_old, readiness).await)
+                }
+                Some(c) => Some(seen(now, c, None)),
+                None => None,
+            };
             let new = match new {
                 Some(c) if ch.init => Some(seen(now, c, None)),
                 // Without the target's translation its probe is unknown: not verified.
                 Some(c) if target.is_none() => Some(seen(now, c, Some(false))),
                 Some(c) => {
-                    let spec = spec_of(&ch.container);
-                    let ready = if c.state == api::ContainerState::ContainerRunning as i32 {
-                        readiness.check(cri, &c.id, &ip, spec).await
-                    } else {
-                        spec.map(|_| false)
-                    };
-                    Some(seen(now, c, ready))
+                    let spec = readiness_of(target, &ch.container);
+                    Some(seen_probed(cri, now, c, spec, &ip, look.probe_new, readiness).await)
                 }
                 None => None,
             };
             let p = Pair {
                 name: ch.container.clone(),
-                old,
+                old: was,
                 new,
             };
             if ch.init {
@@ -285,6 +330,7 @@ pub async fn observe<R: CriRuntime>(
             inits,
             target_unavailable: None,
             old_unavailable: None,
+            restore: Vec::new(),
         }
     };
     o.target_unavailable = target_unavailable;
@@ -292,18 +338,42 @@ pub async fn observe<R: CriRuntime>(
     Ok(o)
 }
 
-/// The recreate path: the old sandbox and the new one, and each target container's old and
-/// new instance.
+/// What of the old pod must stop before the new sandbox starts: host ports on the pod network
+/// are the old sandbox's port mappings (it stops); with host network its containers bind the
+/// host's ports (they stop, the sandbox stays).
+fn stop_first(old: Option<&PodPlan>, target: Option<&PodPlan>) -> StopFirst {
+    let ports = |p: &PodPlan| p.sandbox.port_mappings.iter().any(|m| m.host_port > 0);
+    let old_maps = old.is_some_and(|p| !p.host_network && ports(p));
+    // Without the old translation, the target says as much as it can (it usually matches).
+    let target_maps = old.is_none() && target.is_some_and(|p| !p.host_network && ports(p));
+    if old_maps || target_maps {
+        StopFirst::Sandbox
+    } else if old
+        .into_iter()
+        .chain(target)
+        .any(|p| p.host_network || ports(p))
+    {
+        StopFirst::Containers
+    } else {
+        StopFirst::Nothing
+    }
+}
+
+/// The recreate path: the old sandbox and the new one, each target container's old and new
+/// instance, and each old container's instance in the old sandbox (what a rollback restores).
+#[allow(clippy::too_many_arguments)]
 async fn observe_recreate<R: CriRuntime>(
     now: &PodNow,
     target: Option<&PodPlan>,
+    old: Option<&PodPlan>,
     upgrade_id: &str,
     missing: Vec<String>,
-    ip: &str,
+    look: Look,
     cri: &R,
     readiness: &mut Readiness,
 ) -> Observed {
     let (old_sb, new_sb) = now.pods(upgrade_id);
+    let (ip, old_ip) = (probe_ip(target), probe_ip(old));
     let mut inits = Vec::new();
     let mut pairs = Vec::new();
     for c in target.map(|t| t.init_containers.as_slice()).unwrap_or(&[]) {
@@ -317,34 +387,46 @@ async fn observe_recreate<R: CriRuntime>(
         });
     }
     for c in target.map(|t| t.containers.as_slice()).unwrap_or(&[]) {
-        let old = old_sb
+        let was = old_sb
             .and_then(|sb| now.in_sandbox(&sb.id, &c.name))
             .map(|o| seen(now, o, None));
         let new = match new_sb.and_then(|sb| now.in_sandbox(&sb.id, &c.name)) {
             Some(n) => {
-                let r = if n.state == api::ContainerState::ContainerRunning as i32 {
-                    readiness.check(cri, &n.id, ip, c.readiness.as_ref()).await
-                } else {
-                    c.readiness.as_ref().map(|_| false)
-                };
-                Some(seen(now, n, r))
+                let spec = c.readiness.as_ref();
+                Some(seen_probed(cri, now, n, spec, &ip, look.probe_new, readiness).await)
             }
             None => None,
         };
         pairs.push(Pair {
             name: c.name.clone(),
-            old,
+            old: was,
             new,
+        });
+    }
+    let mut restore = Vec::new();
+    for c in old.map(|t| t.containers.as_slice()).unwrap_or(&[]) {
+        let was = match old_sb.and_then(|sb| now.in_sandbox(&sb.id, &c.name)) {
+            Some(o) => {
+                let spec = c.readiness.as_ref();
+                Some(seen_probed(cri, now, o, spec, &old_ip, look.probe_old, readiness).await)
+            }
+            None => None,
+        };
+        restore.push(Pair {
+            name: c.name.clone(),
+            old: was,
+            new: None,
         });
     }
     let pod = |s: Option<&api::PodSandbox>| {
         s.map(|s| MPod {
             id: s.id.clone(),
             ready: is_ready(s),
+            running: now
+                .of_sandbox(&s.id)
+                .any(|c| c.state == api::ContainerState::ContainerRunning as i32),
         })
     };
-    let stop_first = target
-        .is_some_and(|t| t.host_network || t.sandbox.port_mappings.iter().any(|p| p.host_port > 0));
     Observed {
         missing_images: missing,
         pairs,
@@ -352,11 +434,12 @@ async fn observe_recreate<R: CriRuntime>(
         recreate: Some(Sandboxes {
             old: pod(old_sb),
             new: pod(new_sb),
-            stop_first,
+            stop_first: stop_first(old, target),
         }),
         inits,
         target_unavailable: None,
         old_unavailable: None,
+        restore,
     }
 }
 
@@ -497,6 +580,22 @@ pub async fn stop_pod<R: CriRuntime>(
         ignore_missing(cri.remove_pod_sandbox(sandbox_id).await)?;
     }
     Ok(())
+}
+
+/// Stops a sandbox's containers (with the grace period), keeping them and the sandbox: a
+/// rollback restores the old revision in it.
+pub async fn stop_containers<R: CriRuntime>(
+    cri: &R,
+    now: &PodNow,
+    sandbox_id: &str,
+    grace_secs: i64,
+) -> Result<(), CriError> {
+    let running: Vec<String> = now
+        .of_sandbox(sandbox_id)
+        .filter(|c| c.state == api::ContainerState::ContainerRunning as i32)
+        .map(|c| c.id.clone())
+        .collect();
+    crate::pod::start::stop_all(cri, &running, grace_secs).await
 }
 
 /// A step that failed: the runtime, or what the step was given.

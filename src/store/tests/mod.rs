@@ -20,3 +20,4 @@ fn db() -> (tempfile::TempDir, PathBuf) {
 mod cache;
 mod file;
 mod history;
+mod transactions;
