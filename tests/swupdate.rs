@@ -126,7 +126,8 @@ impl Swu {
     fn start_progress(&mut self, base: &[(String, String)]) {
         let log = std::fs::File::create(self.dir.path().join("progress.log")).unwrap();
         let child = Command::new("swupdate-progress")
-            .args(["-w", "-q", "-e"])
+            // `--quiet`: 2022.12 takes no `-q` (its getopt string lacks it, though its help lists it).
+            .args(["-w", "--quiet", "-e"])
             .arg(Self::handler())
             .arg("-s")
             .arg(self.dir.path().join("tmp/swupdateprog"))
@@ -137,6 +138,18 @@ impl Swu {
             .spawn()
             .expect("swupdate-progress (Debian package swupdate)");
         self.progress = Some(child);
+        // It exits at once on an option it does not take (printing its usage): the failure
+        // path would then silently never run.
+        std::thread::sleep(Duration::from_millis(300));
+        let exited = self
+            .progress
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten());
+        assert!(
+            exited.is_none(),
+            "swupdate-progress exited ({exited:?}):\n{}",
+            self.progress_log()
+        );
     }
 
     fn progress_log(&self) -> String {
@@ -392,7 +405,19 @@ async fn a_later_step_failing_brings_the_old_revision_back_from_verified() {
         log.contains("every pod is Verified") && log.contains("the product step fails"),
         "edgehub's step reached Verified, then the product's failed:\n{log}"
     );
-    let t = f.wait_transaction(60, &["RolledBack"]).await;
+    f.wait_for(60, "the progress client's FAILURE rolls back", |f| async {
+        let done = f
+            .transactions()
+            .is_ok_and(|t| t.first().is_some_and(|t| t["state"] == "RolledBack"));
+        assert!(
+            done || !s.progress_log().contains("Executed"),
+            "the handler failed:\n{}",
+            s.progress_log()
+        );
+        done
+    })
+    .await;
+    let t = f.wait_transaction(1, &["RolledBack"]).await;
     assert_eq!(t["decision"], "rollback", "{t}\n{}", s.progress_log());
     assert!(
         t["reason"]
