@@ -483,16 +483,21 @@ async fn an_image_that_fails_its_readiness_probe_rolls_back_and_the_install_says
     f.clean().await;
 }
 
-/// The manager decides against the update after the install: `mender rollback` brings the
-/// old revision back from Verified, and the cloud hears why when the link returns.
+/// The manager decides against the update after the install (its commit deadline set to 10
+/// minutes): `mender rollback` brings the old revision back from Verified, and the cloud hears
+/// why when the link returns.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mender_rollback_brings_the_old_revision_back_from_verified() {
     let f = fleet("mrollback", &[Image::Good]).await;
     let art = fleet_artifact(&f, "rollback-1");
     let m = Mender::new();
-    let (ok, log) = m.install(&f.env(), &art);
+    // The commit deadline the module passes on (`--timeout`).
+    let mut env = f.env();
+    env.push(("EDGEHUB_OTA_TIMEOUT".into(), "10m".into()));
+    let (ok, log) = m.install(&env, &art);
     assert!(ok, "mender install:\n{log}");
-    f.wait_transaction(5, &["Verified"]).await;
+    let t = f.wait_transaction(5, &["Verified"]).await;
+    assert_eq!(t["commitTimeoutSeconds"], 600, "{t}");
     f.wait_all_run(10, true).await;
 
     let (ok, log) = m.run(&f.env(), &["rollback"]);
