@@ -114,6 +114,7 @@ async fn bench(server: &tokio::runtime::Handle, n: usize, samples: usize) {
         sync_stats: vec![],
         metrics: Default::default(),
         token: None,
+        socket: Default::default(),
         node_name: "edge-1".into(),
         cri: ready_runtime(),
         runtime: None,

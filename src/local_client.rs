@@ -78,6 +78,22 @@ impl LocalClient {
         }
     }
 
+    /// A client for the privileged routes (`POST /v1/images/load`, `PUT /v1/bootstrap-token`):
+    /// the unix socket whenever one is configured, since there the kernel tells edgehub the
+    /// caller is root (or in `socket_group`), which TCP cannot; TCP otherwise, where only the
+    /// token opens them.
+    pub fn privileged_for_config(
+        config: &crate::config::Config,
+        token: Option<String>,
+        timeout: Duration,
+    ) -> LocalClient {
+        let mut c = LocalClient::for_config(config, token, timeout);
+        if let Some(p) = &config.api.socket {
+            c.target = Target::Unix(p.clone());
+        }
+        c
+    }
+
     pub fn get(&self, path: &str) -> Result<Answer, ClientError> {
         self.call("GET", path)
     }
@@ -237,6 +253,30 @@ impl LocalClient {
         })
     }
 }
+/// What a command says when a privileged route answered 403 (`what`: the command, `body`:
+/// the API's answer, which names the ways in; `target`: where the command called; `euid`:
+/// who ran it).
+pub fn forbidden(what: &str, body: &str, target: &Target, euid: u32) -> String {
+    let hint = match target {
+        Target::Tcp(a) => format!(
+            "the configuration names no [api] socket, so this went over TCP ({a}), where any \
+             local process could call and only the token of [api] token_file opens it; set \
+             [api] socket in the configuration edgehub runs with (the shipped one does) and \
+             run this as root"
+        ),
+        Target::Unix(p) if euid != 0 => format!(
+            "this ran as uid {euid} over {}: run it as root (sudo {what}), or as a member of \
+             the group [api] socket_group names",
+            p.display()
+        ),
+        Target::Unix(p) => format!(
+            "this ran as root over {}, and was refused all the same: is the edgehub \
+             listening there the one this configuration describes?",
+            p.display()
+        ),
+    };
+    format!("{what}: refused (403): {}\nhint: {hint}", body.trim())
+}
 
 /// The API path of a pod's upgrade, from `NS/NAME`.
 pub fn upgrade_path(target: &str, action: &str) -> Result<String, String> {
@@ -327,6 +367,25 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn a_403_says_what_to_do_from_where_the_command_called() {
+        let tcp = Target::Tcp("127.0.0.1:10267".parse().unwrap());
+        let sock = Target::Unix("/run/edgehub/api.sock".into());
+        let m = forbidden("edgehub images load", "Forbidden: x\n", &tcp, 0);
+        assert!(
+            m.starts_with("edgehub images load: refused (403): Forbidden: x\nhint: "),
+            "{m}"
+        );
+        assert!(m.contains("set [api] socket"), "{m}");
+        let m = forbidden("edgehub images load", "Forbidden: x", &sock, 1000);
+        assert!(
+            m.contains("uid 1000") && m.contains("sudo edgehub images load"),
+            "{m}"
+        );
+        let m = forbidden("edgehub bootstrap", "Forbidden: x", &sock, 0);
+        assert!(m.contains("as root over /run/edgehub/api.sock"), "{m}");
+    }
 
     #[test]
     fn upgrade_paths() {

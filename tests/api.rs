@@ -1,6 +1,8 @@
 //! The local API over real HTTP, backed by a cache the reflectors filled from the fake
 //! apiserver, with the link cut for the OTA calls.
 
+#[path = "common/archive.rs"]
+mod archive;
 mod common;
 
 use common::{wait_until, Harness};
@@ -28,6 +30,7 @@ fn api_state(h: &Harness) -> ApiState {
         sync_stats: h.sync().stats.clone(),
         metrics: Default::default(),
         token: None,
+        socket: Default::default(),
         node_name: "edge-1".into(),
         cri: ready_runtime(),
         runtime: None,
@@ -922,16 +925,25 @@ fn the_openapi_document_matches_the_router() {
                 .keys()
                 .map(|k| k.as_str().unwrap().parse().unwrap())
                 .collect();
+            let access = op["x-edgehub-access"].as_str().unwrap_or("(none)");
             documented.insert((
                 path.as_str().unwrap().to_string(),
                 method.to_uppercase(),
+                access.to_string(),
                 codes,
             ));
         }
     }
     let routed: std::collections::BTreeSet<_> = api::router::ROUTES
         .iter()
-        .map(|(p, m, c)| (p.to_string(), m.to_string(), c.iter().copied().collect()))
+        .map(|(p, m, a, c)| {
+            (
+                p.to_string(),
+                m.to_string(),
+                a.as_str().to_string(),
+                c.iter().copied().collect(),
+            )
+        })
         .collect();
     assert_eq!(documented, routed);
 }
@@ -1326,11 +1338,11 @@ async fn the_bootstrap_token_handover_is_guarded_and_checks_what_it_gets() {
     // Added to the cached Node's own conditions, not in place of them.
     assert!(conds.iter().any(|c| c["type"] == "Ready"), "{node}");
 
-    // A node without [identity] bootstrap_kubeconfig.
-    let plain = start_api(&h, None).await;
+    // A node without [identity] bootstrap_kubeconfig (the route is privileged: the token).
+    let plain = start_api(&h, Some("t")).await;
     let c = LocalClient {
         target: Target::Tcp(plain.addr),
-        token: None,
+        token: Some("t".into()),
         timeout: Duration::from_secs(5),
     };
     let a = tokio::task::spawn_blocking(move || c.put("/v1/bootstrap-token", TOKEN.as_bytes()))
@@ -1338,5 +1350,245 @@ async fn the_bootstrap_token_handover_is_guarded_and_checks_what_it_gets() {
         .unwrap()
         .unwrap();
     assert_eq!(a.status, 409, "{}", a.body);
+    h.stop().await;
+}
+
+/// A request as another user would make it: curl over the unix socket, run by `setpriv` as
+/// `nobody` with the supplementary groups `groups` (none: `--clear-groups`), the body from
+/// `body` (opened by this process, so `nobody` need not read the file). (status, body).
+fn curl_as_nobody(
+    sock: &std::path::Path,
+    method: &str,
+    path: &str,
+    groups: Option<u32>,
+    body: std::fs::File,
+) -> (u16, String) {
+    let mut c = std::process::Command::new("setpriv");
+    c.args(["--reuid=65534", "--regid=65534"]);
+    match groups {
+        Some(g) => c.arg(format!("--groups={g}")),
+        None => c.arg("--clear-groups"),
+    };
+    let out = c
+        .args(["curl", "-sS", "--unix-socket"])
+        .arg(sock)
+        .args(["-X", method, "--data-binary", "@-", "-w", "\n%{http_code}"])
+        .arg(format!("http://localhost{path}"))
+        .stdin(body)
+        .output()
+        .expect("setpriv and curl run (util-linux, curl)");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    assert!(
+        out.status.success(),
+        "curl as nobody: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+/// Issue 31, item 4: the open TCP port could install code as root. `POST
+/// /v1/images/load?force=true` puts an image under whatever name its archive says, over an
+/// existing tag, and `PUT /v1/bootstrap-token` replaces a lapsed credential; both were served
+/// to any local process on 127.0.0.1:10267 (hostNetwork pods share the loopback) with the
+/// shipped config, which sets no token. They are privileged now: a caller on TCP without the
+/// token, or a socket peer that is neither root nor in `socket_group`, gets a 403 saying how
+/// to get access, before the body is read, and nothing is imported or stored. Root on the
+/// socket, a member of the group, and the token get in. Real HTTP, a real unix socket whose
+/// mode (0666) lets anyone connect, real peers (`setpriv` as nobody), the real containerd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn privileged_routes_answer_only_the_token_root_or_the_group_on_the_socket() {
+    use edgehub::identity::handover::{token_path, Handover};
+    use edgehub::identity::status::IdentityStatus;
+    use std::os::unix::fs::PermissionsExt;
+    let mut h = Harness::new().await;
+    h.start();
+    h.wait_converged().await;
+    let cri = common::cri_stack();
+    let cd = edgehub::containerd::Containerd::new(&cri);
+    let image = format!("127.0.0.1:1/api-privileged-{}:1.0", std::process::id());
+    let work = tempfile::tempdir().unwrap();
+    let built = archive::build(work.path(), &image, "not the cloud's", 0);
+    let file = archive::oci_archive(&built, &work.path().join("a.tar"));
+    let len = std::fs::metadata(&file).unwrap().len();
+    let has_image = || async {
+        cd.image_names()
+            .await
+            .unwrap()
+            .iter()
+            .any(|n| n.contains(&image))
+    };
+    let _ = cd.delete_image(&image).await;
+
+    // Anyone may connect to the socket (mode 0666 in a 0755 directory): the kernel's word on
+    // the peer is the boundary, not the file mode.
+    let open_dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(open_dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let sock = open_dir.path().join("api.sock");
+    let staff = listen::gid_of("staff", &std::fs::read_to_string("/etc/group").unwrap())
+        .expect("group staff (Debian's base-passwd has it)");
+    let mut cfg = h.config.clone();
+    cfg.api.socket = Some(sock.clone());
+    cfg.api.socket_mode = 0o666;
+    cfg.api.socket_group = Some("staff".into());
+    let (status_tx, status) = tokio::sync::watch::channel(IdentityStatus::starting());
+    let id_dir = tempfile::tempdir().unwrap();
+    let handover = Arc::new(Handover::new(token_path(id_dir.path()), None));
+    let importer = Arc::new(edgehub::images::Importer::new(
+        edgehub::cri::CriClient::new(&cri),
+        h.store.clone().unwrap(),
+        h.config.images.clone(),
+        "edge-1",
+    ));
+    let serve = |token: Option<&str>, ls: Vec<Listener>| {
+        let state = Arc::new(ApiState {
+            token: token.map(str::to_string),
+            socket: listen::socket_access(&cfg.api).unwrap(),
+            images: Some(importer.clone()),
+            identity: Some(api::identity::IdentityHandle {
+                status: status.clone(),
+                handover: handover.clone(),
+            }),
+            ..api_state(&h)
+        });
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        for l in ls {
+            tokio::spawn(api::serve(l, state.clone(), rx.clone()));
+        }
+        tx
+    };
+    let mut ls = listen::bind(Some("127.0.0.1:0".parse().unwrap()), &cfg.api)
+        .await
+        .unwrap();
+    let Listener::Tcp(tcp) = &ls[0] else {
+        panic!("tcp first")
+    };
+    let addr = tcp.local_addr().unwrap();
+    assert_eq!(ls.len(), 2, "TCP and the socket, as shipped");
+    let _stop = serve(None, std::mem::take(&mut ls));
+    let client = |target: Target, token: Option<&str>| LocalClient {
+        target,
+        token: token.map(str::to_string),
+        timeout: Duration::from_secs(30),
+    };
+    let upload = |c: LocalClient| {
+        let file = file.clone();
+        tokio::task::spawn_blocking(move || {
+            let f = std::fs::File::open(&file).unwrap();
+            c.upload("/v1/images/load?force=true", Box::new(f), Some(len), &[])
+                .unwrap()
+        })
+    };
+    let put = |c: LocalClient| {
+        tokio::task::spawn_blocking(move || {
+            c.put("/v1/bootstrap-token", b"abcdef.0123456789abcdef")
+                .unwrap()
+        })
+    };
+
+    // TCP without the token: 403 naming the socket and who may use it, before the body. The
+    // head announces 100 MB that never come: the answer does not wait for them.
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(
+        b"POST /v1/images/load?force=true HTTP/1.1\r\nHost: 127.0.0.1\r\n\
+          Content-Length: 100000000\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut got = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut got))
+        .await
+        .expect("the refusal comes before the body, which never comes")
+        .unwrap();
+    let head = String::from_utf8_lossy(&got[..n]).into_owned();
+    assert!(head.starts_with("HTTP/1.1 403"), "{head}");
+    assert!(
+        head.contains("brings new code or credentials")
+            && head.contains(&format!(
+                "{} as root or as a member of group staff",
+                sock.display()
+            )),
+        "{head}"
+    );
+    drop(s);
+    let a = upload(client(Target::Tcp(addr), None)).await.unwrap();
+    assert_eq!(a.status, 403, "{}", a.body);
+    let a = put(client(Target::Tcp(addr), None)).await.unwrap();
+    assert_eq!(a.status, 403, "{}", a.body);
+    assert!(!has_image().await, "nothing imported over TCP");
+    assert!(!handover.path.exists(), "nothing stored over TCP");
+    // The open routes stay open on TCP: OpenYurt's curl keeps working.
+    assert_eq!(call(addr, "GET", "/pods").await.status, 200);
+
+    // nobody on the socket, in no group: 403, nothing imported or stored.
+    for (method, path) in [
+        ("POST", "/v1/images/load?force=true"),
+        ("PUT", "/v1/bootstrap-token"),
+    ] {
+        let body = std::fs::File::open(&file).unwrap();
+        let (code, text) = curl_as_nobody(&sock, method, path, None, body);
+        assert_eq!(code, 403, "{method} {path}: {text}");
+        assert!(text.contains("(uid 65534)"), "{text}");
+    }
+    assert!(!has_image().await, "nothing imported for nobody");
+    assert!(!handover.path.exists(), "nothing stored for nobody");
+    // nobody's open routes over the socket are served as before.
+    let (code, _) = curl_as_nobody(
+        &sock,
+        "GET",
+        "/v1/status",
+        None,
+        std::fs::File::open("/dev/null").unwrap(),
+    );
+    assert_eq!(code, 200);
+
+    // nobody with the group among its supplementary groups (SO_PEERGROUPS): in.
+    let token_body = work.path().join("token");
+    std::fs::write(&token_body, "abcdef.0123456789abcdef").unwrap();
+    let (code, text) = curl_as_nobody(
+        &sock,
+        "PUT",
+        "/v1/bootstrap-token",
+        Some(staff),
+        std::fs::File::open(&token_body).unwrap(),
+    );
+    assert_eq!(code, 202, "{text}");
+    assert!(handover.path.exists());
+    std::fs::remove_file(&handover.path).unwrap();
+
+    // Root on the socket: in.
+    let a = upload(client(Target::Unix(sock.clone()), None))
+        .await
+        .unwrap();
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert!(has_image().await);
+    cd.delete_image(&image).await.unwrap();
+    let a = put(client(Target::Unix(sock.clone()), None)).await.unwrap();
+    assert_eq!(a.status, 202, "{}", a.body);
+    std::fs::remove_file(&handover.path).unwrap();
+
+    // With a token configured: the token opens them over TCP; without it, a 401.
+    let mut ls = listen::bind(Some("127.0.0.1:0".parse().unwrap()), &h.config.api)
+        .await
+        .unwrap();
+    let Listener::Tcp(tcp) = &ls[0] else {
+        panic!("tcp first")
+    };
+    let taddr = tcp.local_addr().unwrap();
+    let _stop2 = serve(Some("s3cret"), std::mem::take(&mut ls));
+    let a = upload(client(Target::Tcp(taddr), None)).await.unwrap();
+    assert_eq!(a.status, 401, "{}", a.body);
+    assert!(!has_image().await);
+    let a = upload(client(Target::Tcp(taddr), Some("s3cret")))
+        .await
+        .unwrap();
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert!(has_image().await);
+    cd.delete_image(&image).await.unwrap();
+    let a = put(client(Target::Tcp(taddr), Some("s3cret")))
+        .await
+        .unwrap();
+    assert_eq!(a.status, 202, "{}", a.body);
+    drop(status_tx);
     h.stop().await;
 }

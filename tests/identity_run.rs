@@ -59,7 +59,8 @@ fn identity(n: &Node) -> Value {
 /// One request with a body to the local API.
 fn http_body(n: &Node, method: &str, path: &str, body: &str) -> (u16, String) {
     use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(&n.api).unwrap();
+    // The bootstrap token's route is privileged: root on the socket.
+    let mut s = std::os::unix::net::UnixStream::connect(n.socket()).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let req = format!(
         "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",

@@ -221,7 +221,7 @@ async fn truncated_and_killed_imports_leave_nothing() {
 
     // The client goes away halfway.
     let upload_half = |n: &Node| {
-        let mut s = std::net::TcpStream::connect(&n.api).unwrap();
+        let mut s = std::os::unix::net::UnixStream::connect(n.socket()).unwrap();
         write!(
             s,
             "POST /v1/images/load HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\n\r\n",

@@ -1,13 +1,18 @@
 //! The local API's admission and routing on arbitrary request heads: the Origin, Sec-Fetch-Site
-//! and Host checks, the bearer token's parsing, the router and its path parser.
+//! and Host checks, the bearer token's parsing, the router and its path parser, and the access
+//! class decision (`edgehub::api::admit::admit`) for every kind of caller.
 #![no_main]
 
-use edgehub::api::guard::{self, Via};
+use edgehub::api::admit::{admit, Denial, Head};
+use edgehub::api::guard::{self, Peer, Via};
+use edgehub::api::router::Access;
 use libfuzzer_sys::fuzz_target;
 
 fn header(l: Option<&[u8]>) -> Option<&[u8]> {
     l.filter(|v| !v.is_empty())
 }
+
+const TOKEN: &[u8] = b"token";
 
 fuzz_target!(|data: &[u8]| {
     // Lines: request line, Host, Origin, Sec-Fetch-Site, Authorization (empty: absent).
@@ -19,15 +24,29 @@ fuzz_target!(|data: &[u8]| {
         header(lines.next()),
         header(lines.next()),
     );
-    for via in [
+    let unix = |uid, privileged| Via::Unix {
+        peer: Peer {
+            uid: Some(uid),
+            privileged,
+        },
+    };
+    let vias = [
         Via::Tcp {
             local: std::net::Ipv4Addr::LOCALHOST.into(),
         },
         Via::Tcp {
             local: std::net::Ipv6Addr::LOCALHOST.into(),
         },
-        Via::Unix,
-    ] {
+        unix(0, true),
+        unix(1000, false),
+        Via::Unix {
+            peer: Peer {
+                uid: None,
+                privileged: false,
+            },
+        },
+    ];
+    for via in vias {
         if guard::check_origin_and_host(origin, site, host, via).is_err() {
             continue;
         }
@@ -53,7 +72,8 @@ fuzz_target!(|data: &[u8]| {
             );
         }
     }
-    let _ = guard::authenticate(Some(b"token"), auth);
+    let _ = guard::authenticate(Some(TOKEN), auth);
+    let presents_token = auth.and_then(guard::bearer_token) == Some(TOKEN);
     if let Some(t) = auth.and_then(guard::bearer_token) {
         assert!(!t.is_empty() && t[0] != b' ');
     }
@@ -67,4 +87,45 @@ fuzz_target!(|data: &[u8]| {
     }
     let _ = guard::is_open_path(path);
     let _ = edgehub::local_client::upgrade_path(s, "upgrade");
+
+    // The whole admission, with and without a token configured, for every caller: what it
+    // admits to a privileged route, the caller had a credential for.
+    let head = Head {
+        method,
+        path,
+        host,
+        origin,
+        sec_fetch_site: site,
+        authorization: auth,
+    };
+    for via in vias {
+        let socket_ok = matches!(via, Via::Unix { peer } if peer.privileged);
+        for token in [None, Some(TOKEN)] {
+            match admit(&head, via, token) {
+                Ok(route) => {
+                    if route.access() == Access::Privileged {
+                        assert!(
+                            socket_ok || (token.is_some() && presents_token),
+                            "{method} {path} admitted to a caller without a credential: {via:?}"
+                        );
+                    }
+                    if token.is_some() && !guard::is_open_path(path) {
+                        assert!(socket_ok || presents_token, "the token was not asked for");
+                    }
+                    assert_eq!(
+                        edgehub::api::router::route(method, path).ok(),
+                        Some(route),
+                        "admission routes as the router does"
+                    );
+                }
+                Err(Denial::Forbidden(f)) => {
+                    assert!(!socket_ok && !(token.is_some() && presents_token));
+                    assert_eq!(f.via, via);
+                    let m = f.message(path, &Default::default());
+                    assert!(m.starts_with("Forbidden: "));
+                }
+                Err(_) => {}
+            }
+        }
+    }
 });

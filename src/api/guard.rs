@@ -3,19 +3,137 @@
 //! server (fuzz/fuzz_targets/router.rs).
 //!
 //! The order is the point: [`check_origin_and_host`] first (a web page gets nothing, not
-//! even a 401), then the bearer token (an unauthenticated client learns nothing about routes
-//! or names: no 400, 404 or 405), then the router.
+//! even a 401), then the bearer token ([`needs_token`]: an unauthenticated client learns
+//! nothing about routes or names: no 400, 404 or 405), then the router, then the route's
+//! access class ([`gate`]: a privileged route without a credential is a 403), and only then
+//! is the body read.
 
+use super::router::Access;
 use std::net::IpAddr;
 
 /// Where a connection came in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Via {
-    /// TCP, on this local address (what the client connected to).
+    /// TCP, on this local address (what the client connected to). Any local process can
+    /// connect to a loopback port, hostNetwork pods included: TCP says nothing of the caller.
     Tcp { local: IpAddr },
     /// The unix socket: no browser can reach it, and what its clients put in `Host` varies
-    /// (curl sends `localhost`, others the socket's path or nothing).
-    Unix,
+    /// (curl sends `localhost`, others the socket's path or nothing). The kernel says who the
+    /// peer is.
+    Unix { peer: Peer },
+}
+
+/// A unix-socket peer as the kernel reported it when it connected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer {
+    /// Its uid (`SO_PEERCRED`); `None` when the kernel would not say.
+    pub uid: Option<u32>,
+    /// Root, or a member of `[api] socket_group` ([`privileged_peer`]).
+    pub privileged: bool,
+}
+
+/// Whether a unix-socket peer may call privileged routes: uid 0, or `group` (the gid of
+/// `[api] socket_group`) among its primary gid and supplementary groups. The groups are the
+/// peer's own at `connect()` (`SO_PEERGROUPS`), not the group database's idea of its user,
+/// so a process that dropped a group does not keep it here.
+pub fn privileged_peer(uid: u32, gid: u32, groups: &[u32], group: Option<u32>) -> bool {
+    uid == 0 || group.is_some_and(|g| gid == g || groups.contains(&g))
+}
+
+/// What a caller holds that opens privileged routes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Credential {
+    /// The token of `[api] token_file`.
+    Token,
+    /// A privileged unix-socket peer.
+    Socket,
+}
+
+/// The caller's credential, if it has one. `token_set`: `[api] token_file` is configured
+/// (without one, [`authenticate`] says `Ok` to everyone, and that is no credential).
+pub fn credential(token_set: bool, auth: Auth, via: Via) -> Option<Credential> {
+    match via {
+        Via::Unix { peer } if peer.privileged => Some(Credential::Socket),
+        _ if token_set && auth == Auth::Ok => Some(Credential::Token),
+        _ => None,
+    }
+}
+
+/// Before the router: with a token configured, a caller with no credential reaches only the
+/// health probes; the rest is a 401 that names nothing behind it. A privileged socket peer
+/// holds a credential stronger than the token (it may load images), so it needs none.
+pub fn needs_token(token_set: bool, auth: Auth, via: Via, path: &str) -> bool {
+    token_set && credential(token_set, auth, via).is_none() && !is_open_path(path)
+}
+
+/// After the router, before the body is read: a privileged route is served only to a caller
+/// with a credential.
+pub fn gate(access: Access, token_set: bool, auth: Auth, via: Via) -> Result<(), Forbidden> {
+    match (access, credential(token_set, auth, via)) {
+        (Access::Open, _) | (Access::Privileged, Some(_)) => Ok(()),
+        (Access::Privileged, None) => Err(Forbidden { via, token_set }),
+    }
+}
+
+/// A privileged route refused: what the caller lacked, to say how to get access.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Forbidden {
+    pub via: Via,
+    pub token_set: bool,
+}
+
+/// How privileged routes can be reached on this node, for the 403's message.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SocketAccess {
+    /// `[api] socket`.
+    pub path: Option<std::path::PathBuf>,
+    /// `[api] socket_group`, by name and gid.
+    pub group: Option<(String, u32)>,
+}
+
+impl Forbidden {
+    /// The 403's text: what was refused, why, and the ways in that this node offers.
+    pub fn message(&self, what: &str, socket: &SocketAccess) -> String {
+        let who = match (&socket.group, self.via) {
+            (Some((g, _)), _) => format!("as root or as a member of group {g}"),
+            (None, _) => "as root".to_string(),
+        };
+        let mut ways = Vec::new();
+        match &socket.path {
+            Some(p) => ways.push(format!(
+                "connect to the unix socket {} {who} (edgehub's own commands do, e.g. `sudo \
+                 edgehub images load FILE`)",
+                p.display()
+            )),
+            None => ways.push(format!(
+                "set [api] socket in edgehub's config and connect to it {who}"
+            )),
+        }
+        if self.token_set {
+            ways.push("send the token of [api] token_file (Authorization: Bearer)".into());
+        }
+        let this = match self.via {
+            Via::Tcp { .. } if self.token_set => "this TCP connection sent no valid token",
+            Via::Tcp { .. } => {
+                "this TCP connection carries none (any local process can connect to it)"
+            }
+            Via::Unix { peer } => match peer.uid {
+                Some(_) => "this socket peer is neither root nor in the group",
+                None => "the kernel did not say who this socket peer is",
+            },
+        };
+        let uid = match self.via {
+            Via::Unix {
+                peer: Peer { uid: Some(u), .. },
+            } => format!(" (uid {u})"),
+            _ => String::new(),
+        };
+        format!(
+            "Forbidden: {what} brings new code or credentials onto the node, or decides what \
+             runs on it, so it needs a credential, and {this}{uid}. To get access, {}.",
+            ways.join(", or ")
+        )
+    }
 }
 
 /// Why a request was refused before authentication.
@@ -59,7 +177,7 @@ pub fn check_origin_and_host(
         return Err(FROM_A_WEB_PAGE);
     }
     match via {
-        Via::Unix => Ok(()),
+        Via::Unix { .. } => Ok(()),
         Via::Tcp { local } => match host.and_then(host_name) {
             Some(h) if local_host(h, local) => Ok(()),
             _ => Err(FOREIGN_HOST),
@@ -168,6 +286,19 @@ mod tests {
         local: IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
     };
 
+    const UNIX_ROOT: Via = Via::Unix {
+        peer: Peer {
+            uid: Some(0),
+            privileged: true,
+        },
+    };
+    const UNIX_NOBODY: Via = Via::Unix {
+        peer: Peer {
+            uid: Some(65534),
+            privileged: false,
+        },
+    };
+
     fn host(h: &str) -> Result<(), Refusal> {
         check_origin_and_host(None, None, Some(h.as_bytes()), LO)
     }
@@ -238,7 +369,7 @@ mod tests {
 
     #[test]
     fn web_pages_are_refused_on_every_listener() {
-        for via in [LO, Via::Unix] {
+        for via in [LO, UNIX_ROOT] {
             for origin in [&b"http://127.0.0.2:8000"[..], b"null", b""] {
                 assert_eq!(
                     check_origin_and_host(Some(origin), None, Some(b"127.0.0.1"), via),
@@ -258,10 +389,10 @@ mod tests {
         }
         // The unix socket takes any Host, or none.
         assert_eq!(
-            check_origin_and_host(None, None, Some(b"x"), Via::Unix),
+            check_origin_and_host(None, None, Some(b"x"), UNIX_ROOT),
             Ok(())
         );
-        assert_eq!(check_origin_and_host(None, None, None, Via::Unix), Ok(()));
+        assert_eq!(check_origin_and_host(None, None, None, UNIX_ROOT), Ok(()));
     }
 
     #[test]
@@ -325,5 +456,95 @@ mod tests {
         ] {
             assert!(!is_open_path(p), "{p}");
         }
+    }
+
+    #[test]
+    fn root_or_the_group_is_a_privileged_peer() {
+        assert!(privileged_peer(0, 0, &[], None));
+        assert!(privileged_peer(0, 1000, &[], Some(42)));
+        assert!(!privileged_peer(1000, 1000, &[], None));
+        assert!(
+            !privileged_peer(1000, 1000, &[0, 42], None),
+            "no group configured"
+        );
+        assert!(
+            privileged_peer(1000, 42, &[], Some(42)),
+            "the primary group"
+        );
+        assert!(
+            privileged_peer(1000, 1000, &[7, 42], Some(42)),
+            "a supplementary one"
+        );
+        assert!(!privileged_peer(1000, 1000, &[7, 43], Some(42)));
+        assert!(!privileged_peer(65534, 65534, &[65534], Some(0)));
+    }
+
+    #[test]
+    fn privileged_routes_need_the_token_or_a_privileged_socket_peer() {
+        use Access::{Open, Privileged};
+        let unknown = Via::Unix {
+            peer: Peer {
+                uid: None,
+                privileged: false,
+            },
+        };
+        // No token configured: only a privileged socket peer.
+        for (via, ok) in [
+            (LO, false),
+            (UNIX_NOBODY, false),
+            (unknown, false),
+            (UNIX_ROOT, true),
+        ] {
+            assert_eq!(
+                gate(Privileged, false, Auth::Ok, via).is_ok(),
+                ok,
+                "{via:?}"
+            );
+            assert_eq!(gate(Open, false, Auth::Ok, via), Ok(()));
+            assert!(!needs_token(false, Auth::Ok, via, "/pods"));
+        }
+        // A token configured: it opens everything; without it only the socket peer passes.
+        for via in [LO, UNIX_NOBODY, UNIX_ROOT] {
+            assert_eq!(gate(Privileged, true, Auth::Ok, via), Ok(()));
+            assert!(!needs_token(true, Auth::Ok, via, "/v1/images/load"));
+        }
+        for auth in [Auth::Missing, Auth::Invalid] {
+            assert!(gate(Privileged, true, auth, LO).is_err());
+            assert!(gate(Privileged, true, auth, UNIX_NOBODY).is_err());
+            assert_eq!(gate(Privileged, true, auth, UNIX_ROOT), Ok(()));
+            assert!(needs_token(true, auth, LO, "/pods"));
+            assert!(needs_token(true, auth, UNIX_NOBODY, "/v1/images/load"));
+            assert!(!needs_token(true, auth, UNIX_ROOT, "/v1/images/load"));
+            assert!(!needs_token(true, auth, LO, "/v1/healthz"));
+        }
+    }
+
+    #[test]
+    fn the_403_says_how_to_get_access() {
+        let socket = SocketAccess {
+            path: Some("/run/edgehub/api.sock".into()),
+            group: Some(("ota".into(), 42)),
+        };
+        let m = Forbidden {
+            via: LO,
+            token_set: false,
+        }
+        .message("POST /v1/images/load", &socket);
+        assert!(m.starts_with("Forbidden: POST /v1/images/load"), "{m}");
+        assert!(
+            m.contains("/run/edgehub/api.sock as root or as a member of group ota"),
+            "{m}"
+        );
+        assert!(!m.contains("token_file"), "no token configured: {m}");
+        let m = Forbidden {
+            via: UNIX_NOBODY,
+            token_set: true,
+        }
+        .message("PUT /v1/bootstrap-token", &SocketAccess::default());
+        assert!(
+            m.contains("(uid 65534)") && m.contains("[api] token_file"),
+            "{m}"
+        );
+        assert!(m.contains("set [api] socket"), "{m}");
     }
 }

@@ -1,10 +1,14 @@
 //! Opening the API's listeners: the TCP address, and optionally a unix socket with a file mode
-//! and group. The socket keeps other local users out only when TCP is off (`api_addr =
-//! "none"`): any local process can connect to a loopback port.
+//! and group; and who a socket peer is. The socket keeps other local users out of the open
+//! routes only when TCP is off (`api_addr = "none"`): any local process can connect to a
+//! loopback port. The privileged routes check the socket peer's credentials themselves
+//! ([`peer`]), whatever the socket's mode.
 
+use super::guard::{privileged_peer, Peer, SocketAccess};
 use super::ApiConfig;
 use super::Listener;
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -64,17 +68,119 @@ fn bind_unix(
     }
     let l = tokio::net::UnixListener::bind(path).map_err(|e| err(e.to_string()))?;
     if let Some(g) = group {
-        let gid = gid_of(
-            g,
-            &std::fs::read_to_string("/etc/group").unwrap_or_default(),
-        )
-        .ok_or_else(|| err(format!("group {g:?} not found in /etc/group")))?;
+        let gid = group_gid(path, g)?;
         std::os::unix::fs::chown(path, None, Some(gid))
             .map_err(|e| err(format!("cannot chown to group {g}: {e}")))?;
     }
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
         .map_err(|e| err(format!("cannot set mode {mode:o}: {e}")))?;
     Ok(l)
+}
+
+fn group_gid(path: &Path, name: &str) -> Result<u32, ListenError> {
+    gid_of(
+        name,
+        &std::fs::read_to_string("/etc/group").unwrap_or_default(),
+    )
+    .ok_or_else(|| ListenError::Unix {
+        path: path.to_path_buf(),
+        reason: format!("group {name:?} not found in /etc/group"),
+    })
+}
+
+/// Who may call privileged routes over the socket besides root: `[api] socket_group`, by
+/// name and gid (from `/etc/group`, read once at start as for the socket's owner).
+pub fn socket_access(api: &ApiConfig) -> Result<SocketAccess, ListenError> {
+    let group = match (&api.socket, &api.socket_group) {
+        (Some(path), Some(g)) => Some((g.clone(), group_gid(path, g)?)),
+        _ => None,
+    };
+    Ok(SocketAccess {
+        path: api.socket.clone(),
+        group,
+    })
+}
+
+/// What the kernel says of a unix-socket peer: its uid and gid as they were at `connect()`
+/// (`SO_PEERCRED`), and its supplementary groups as they were then (`SO_PEERGROUPS`, Linux
+/// 4.13). Unreadable credentials make an unprivileged peer, never a privileged one.
+pub fn peer(stream: &tokio::net::UnixStream, group: Option<u32>) -> Peer {
+    let Ok(cred) = stream.peer_cred() else {
+        return Peer {
+            uid: None,
+            privileged: false,
+        };
+    };
+    let (uid, gid) = (cred.uid(), cred.gid());
+    // The groups matter only for a group check of a non-root peer.
+    let groups = match group {
+        Some(g) if uid != 0 && gid != g => match peer_groups(stream.as_raw_fd()) {
+            Ok(groups) => groups,
+            // A kernel before 4.13: the groups the peer process has now, from /proc.
+            Err(e) if e.raw_os_error() == Some(libc::ENOPROTOOPT) => cred
+                .pid()
+                .and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok())
+                .map(|s| status_groups(&s))
+                .unwrap_or_default(),
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read a socket peer's groups");
+                Vec::new()
+            }
+        },
+        _ => Vec::new(),
+    };
+    Peer {
+        uid: Some(uid),
+        privileged: privileged_peer(uid, gid, &groups, group),
+    }
+}
+
+/// Most supplementary groups a process can have (the kernel's `NGROUPS_MAX`).
+const NGROUPS_MAX: usize = 65536;
+/// `SO_PEERGROUPS` (asm-generic, so x86_64 and aarch64 alike); not in every libc release.
+const SO_PEERGROUPS: libc::c_int = 59;
+
+/// The peer's supplementary groups at `connect()`, by `getsockopt(SO_PEERGROUPS)`.
+fn peer_groups(fd: std::os::fd::RawFd) -> std::io::Result<Vec<u32>> {
+    let mut buf: Vec<libc::gid_t> = vec![0; 64];
+    loop {
+        let mut len = (buf.len() * std::mem::size_of::<libc::gid_t>()) as libc::socklen_t;
+        // SAFETY: `buf` is a live, writable buffer of `len` bytes that outlives the call; the
+        // kernel writes at most `len` bytes and sets `len` to what it wrote (or, with ERANGE,
+        // to what it needs).
+        let r = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                SO_PEERGROUPS,
+                buf.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        let n = len as usize / std::mem::size_of::<libc::gid_t>();
+        if r == 0 {
+            buf.truncate(n);
+            return Ok(buf);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::ERANGE) || n <= buf.len() || n > NGROUPS_MAX {
+            return Err(e);
+        }
+        buf.resize(n, 0);
+    }
+}
+
+/// The supplementary groups of a `/proc/<pid>/status` text (its `Groups:` line).
+pub fn status_groups(status: &str) -> Vec<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .map(|g| {
+            g.split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// The gid of group `name` in `/etc/group` text.
@@ -119,5 +225,28 @@ mod tests {
         assert_eq!(gid_of("missing", g), None);
         assert_eq!(gid_of("broken", g), None);
         assert_eq!(gid_of("num", g), None);
+    }
+
+    #[test]
+    fn groups_of_a_proc_status() {
+        let s = "Name:\tsh\nUid:\t1000\t1000\t1000\t1000\nGroups:\t4 24 1001 \nNSpid:\t9\n";
+        assert_eq!(status_groups(s), [4, 24, 1001]);
+        assert_eq!(status_groups("Groups:\t\n"), Vec::<u32>::new());
+        assert_eq!(status_groups("Name:\tx\n"), Vec::<u32>::new());
+    }
+
+    /// The kernel's answer over a real socket pair: this process's own groups.
+    #[test]
+    fn the_peer_groups_are_the_kernels() {
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut mine = vec![0 as libc::gid_t; 256];
+        // SAFETY: the buffer holds 256 gids, as the call is told.
+        let n = unsafe { libc::getgroups(256, mine.as_mut_ptr()) };
+        assert!(n >= 0);
+        mine.truncate(n as usize);
+        let mut got = peer_groups(a.as_raw_fd()).unwrap();
+        got.sort();
+        mine.sort();
+        assert_eq!(got, mine);
     }
 }

@@ -8,6 +8,7 @@
 //! a header-read timeout and every request a deadline. Errors are short plain text, as
 //! OpenYurt's are.
 
+pub mod admit;
 pub mod guard;
 pub mod handlers;
 pub mod identity;
@@ -97,8 +98,12 @@ pub struct ApiState {
     pub link: watch::Receiver<LinkState>,
     pub sync_stats: Vec<(String, Arc<ReflectorStats>)>,
     pub metrics: metrics::Metrics,
-    /// When set, every route but the health probes needs `Authorization: Bearer <token>`.
+    /// When set, every route but the health probes needs `Authorization: Bearer <token>`
+    /// (or a privileged socket peer), and the token opens the privileged routes.
     pub token: Option<String>,
+    /// The unix socket and its group: which socket peers may call privileged routes, and
+    /// what a refused caller is told.
+    pub socket: guard::SocketAccess,
     pub node_name: String,
     /// The container runtime's health, for readyz.
     pub cri: watch::Receiver<crate::cri::CriHealth>,
@@ -228,9 +233,10 @@ fn dispatch(state: &ApiState, route: &Route, query: Option<&str>, body: &[u8]) -
     Answer::Reply(reply)
 }
 
-/// Handles one request: refuse web pages and foreign hosts, authenticate, route, drain the
-/// (capped) body, dispatch, count. Both checks come before the router, so a page or a client
-/// without the token learns nothing of the routes and names behind them ([`guard`]).
+/// Handles one request: admit it ([`admit::admit`]: refuse web pages and foreign hosts,
+/// authenticate, route, check the route's access class), drain the (capped) body, dispatch,
+/// count. A page or a client without the token learns nothing of the routes and names behind
+/// them, and a privileged route refused is refused before its body is read.
 pub async fn handle(state: Arc<ApiState>, req: Request<Incoming>, via: guard::Via) -> Answer {
     let method = req.method().as_str().to_string();
     let query = req.uri().query().map(str::to_string);
@@ -242,39 +248,38 @@ pub async fn handle(state: Arc<ApiState>, req: Request<Incoming>, via: guard::Vi
             _ => None,
         }
     };
-    let admitted = guard::check_origin_and_host(
-        headers.get(hyper::header::ORIGIN).map(|v| v.as_bytes()),
-        headers.get("sec-fetch-site").map(|v| v.as_bytes()),
-        one(hyper::header::HOST),
-        via,
-    );
-    let auth = guard::authenticate(
-        state.token.as_deref().map(str::as_bytes),
-        req.headers()
+    let head = admit::Head {
+        method: &method,
+        path: req.uri().path(),
+        host: one(hyper::header::HOST),
+        origin: headers.get(hyper::header::ORIGIN).map(|v| v.as_bytes()),
+        sec_fetch_site: headers.get("sec-fetch-site").map(|v| v.as_bytes()),
+        authorization: headers
             .get(hyper::header::AUTHORIZATION)
             .map(|v| v.as_bytes()),
-    );
-    let routed = if let Err(r) = admitted {
-        Err(("refused", Reply::text(r.status, r.message)))
-    } else if auth != guard::Auth::Ok && !guard::is_open_path(req.uri().path()) {
-        Err((
-            "unauthorized",
-            Reply {
-                challenge: Some(guard::challenge(auth)),
+    };
+    // The access class is decided here, before the body: a refused upload is not read, let
+    // alone written anywhere.
+    let routed = admit::admit(&head, via, state.token.as_deref().map(str::as_bytes)).map_err(|d| {
+        let reply = match &d {
+            admit::Denial::Refused(r) => Reply::text(r.status, r.message),
+            admit::Denial::Unauthorized(auth) => Reply {
+                challenge: Some(guard::challenge(*auth)),
                 ..Reply::text(401, "Unauthorized")
             },
-        ))
-    } else {
-        router::route(&method, req.uri().path()).map_err(|r| {
-            (
-                "rejected",
-                Reply {
-                    allow: r.allow,
-                    ..Reply::text(r.status, r.message)
-                },
-            )
-        })
-    };
+            admit::Denial::Rejected(r) => Reply {
+                allow: r.allow,
+                ..Reply::text(r.status, r.message.clone())
+            },
+            admit::Denial::Forbidden(f) => {
+                tracing::warn!(method = %method, path = head.path, ?via,
+                    "privileged route refused: the caller has no credential");
+                let what = format!("{method} {}", head.path);
+                Reply::text(403, f.message(&what, &state.socket))
+            }
+        };
+        (d.name(), reply)
+    });
     let (route_name, answer) = match routed {
         Err((name, reply)) => (name, Answer::Reply(reply)),
         // An image archive: streamed to the importer with its own size limit, not collected.
@@ -450,7 +455,9 @@ pub async fn serve(listener: Listener, state: Arc<ApiState>, mut shutdown: watch
                 tokio::spawn(serve_connection(s, state, via, slot));
             }
             Ok(Conn::Unix(s)) => {
-                tokio::spawn(serve_connection(s, state, guard::Via::Unix, slot));
+                let group = state.socket.group.as_ref().map(|(_, gid)| *gid);
+                let peer = listen::peer(&s, group);
+                tokio::spawn(serve_connection(s, state, guard::Via::Unix { peer }, slot));
             }
             Err(e) => {
                 // Out of file descriptors and the like: pause instead of spinning.

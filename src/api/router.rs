@@ -94,15 +94,56 @@ impl Route {
         )
     }
 
-    /// Whether the route changes what runs against what the cloud decided, or decides for the
-    /// OTA manager: served only to a privileged caller (a rollback overrides the cloud).
-    pub fn privileged(&self) -> bool {
-        matches!(
-            self,
-            Route::StartTransaction
-                | Route::CommitTransaction { .. }
-                | Route::RollbackTransaction { .. }
-        )
+    /// Who may call the route. Every arm is spelled out (no `_`), so a new route does not
+    /// build until someone decided its class; [`ROUTES`] repeats it, and a test keeps the two
+    /// (and `docs/openapi.yaml`) in step.
+    pub fn access(&self) -> Access {
+        match self {
+            Route::Pods
+            | Route::Upgrade { .. }
+            | Route::ImagePull { .. }
+            | Route::UpgradeStatus { .. }
+            | Route::Logs { .. }
+            | Route::Images
+            | Route::Status
+            | Route::Node
+            | Route::Transactions
+            | Route::Transaction { .. }
+            | Route::Healthz
+            | Route::Readyz
+            | Route::Metrics => Access::Open,
+            // A transaction decides for the OTA manager what runs, and a rollback overrides
+            // what the cloud decided.
+            Route::ImagesLoad
+            | Route::BootstrapToken
+            | Route::StartTransaction
+            | Route::CommitTransaction { .. }
+            | Route::RollbackTransaction { .. } => Access::Privileged,
+        }
+    }
+}
+
+/// A route's access class: what a caller must hold to be served (`docs/security.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Reads, and what only triggers what the cloud decided (OpenYurt's `upgrade` and
+    /// `imagepull` move a pod to a revision the apiserver sent): any local caller, as
+    /// OpenYurt's OTA manager is, with the token when `[api] token_file` is set.
+    Open,
+    /// Brings new code or credentials onto the node (an image archive under a tag a pod
+    /// runs, a bootstrap token): only a caller presenting the token of `[api] token_file`, or
+    /// a unix-socket peer whose credentials (`SO_PEERCRED`, `SO_PEERGROUPS`) say root or a
+    /// member of `[api] socket_group` ([`super::guard::gate`]). Anything else gets a 403 before
+    /// the body is read.
+    Privileged,
+}
+
+impl Access {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Access::Open => "open",
+            Access::Privileged => "privileged",
+        }
     }
 }
 
@@ -123,59 +164,81 @@ fn reject(status: u16, message: impl Into<String>) -> Reject {
     }
 }
 
-/// Every route: path pattern, allowed method, and the status codes it answers with. The
-/// OpenAPI document is checked against this table.
-pub const ROUTES: &[(&str, &str, &[u16])] = &[
-    ("/pods", "GET", &[200, 401, 500]),
+use Access::{Open, Privileged};
+
+/// Every route: path pattern, allowed method, access class, and the status codes it answers
+/// with. The OpenAPI document (`x-edgehub-access`, the codes) and [`Route::access`] are
+/// checked against this table; a privileged route answers 403 to a caller without a
+/// credential, so it lists 403.
+pub const ROUTES: &[(&str, &str, Access, &[u16])] = &[
+    ("/pods", "GET", Open, &[200, 401, 500]),
     (
         "/openyurt.io/v1/namespaces/{ns}/pods/{name}/upgrade",
         "POST",
+        Open,
         &[200, 400, 401, 403, 404, 409, 412, 500, 503],
     ),
     (
         "/openyurt.io/v1/namespaces/{ns}/pods/{name}/upgrade",
         "GET",
+        Open,
         &[200, 400, 401, 404, 500],
     ),
     (
         "/openyurt.io/v1/namespaces/{ns}/pods/{name}/imagepull",
         "POST",
+        Open,
         &[200, 400, 401, 403, 404, 409, 500],
     ),
     (
         "/v1/namespaces/{ns}/pods/{name}/log",
         "GET",
+        Open,
         &[200, 400, 401, 404, 429, 500],
     ),
-    ("/v1/images", "GET", &[200, 401, 500, 503]),
+    ("/v1/images", "GET", Open, &[200, 401, 500, 503]),
     (
         "/v1/images/load",
         "POST",
+        Privileged,
         &[200, 400, 401, 403, 408, 413, 500, 503, 507],
     ),
-    ("/v1/status", "GET", &[200, 401, 500]),
-    ("/v1/node", "GET", &[200, 401, 500]),
-    ("/v1/bootstrap-token", "PUT", &[202, 400, 401, 409, 500]),
+    ("/v1/status", "GET", Open, &[200, 401, 500]),
+    ("/v1/node", "GET", Open, &[200, 401, 500]),
+    (
+        "/v1/bootstrap-token",
+        "PUT",
+        Privileged,
+        &[202, 400, 401, 403, 409, 500],
+    ),
     (
         "/v1/transactions",
         "POST",
+        Privileged,
         &[201, 400, 401, 403, 404, 409, 412, 500, 503],
     ),
-    ("/v1/transactions", "GET", &[200, 401, 500]),
-    ("/v1/transactions/{id}", "GET", &[200, 400, 401, 404, 500]),
+    ("/v1/transactions", "GET", Open, &[200, 401, 500]),
+    (
+        "/v1/transactions/{id}",
+        "GET",
+        Open,
+        &[200, 400, 401, 404, 500],
+    ),
     (
         "/v1/transactions/{id}/commit",
         "POST",
-        &[200, 400, 401, 404, 409, 500],
+        Privileged,
+        &[200, 400, 401, 403, 404, 409, 500],
     ),
     (
         "/v1/transactions/{id}/rollback",
         "POST",
-        &[200, 400, 401, 404, 409, 500],
+        Privileged,
+        &[200, 400, 401, 403, 404, 409, 500],
     ),
-    ("/v1/healthz", "GET", &[200]),
-    ("/v1/readyz", "GET", &[200, 503]),
-    ("/metrics", "GET", &[200, 401]),
+    ("/v1/healthz", "GET", Open, &[200]),
+    ("/v1/readyz", "GET", Open, &[200, 503]),
+    ("/metrics", "GET", Open, &[200, 401]),
 ];
 
 /// A namespace and pod name from a path, checked: 400 before any handler sees them.
@@ -367,15 +430,15 @@ mod tests {
                 .status,
             404
         );
-        // Only what starts, commits or rolls back is privileged.
-        for (pattern, method, _) in ROUTES {
-            let path = pattern
-                .replace("{ns}", "default")
-                .replace("{name}", "p")
-                .replace("{id}", "0123456789abcdef");
+        // What starts, commits or rolls back is privileged; reading is not.
+        for (pattern, method, _, _) in ROUTES {
+            if !pattern.starts_with("/v1/transactions") {
+                continue;
+            }
+            let path = pattern.replace("{id}", "0123456789abcdef");
             let r = route(method, &path).unwrap();
-            let decides = pattern.starts_with("/v1/transactions") && (*method == "POST");
-            assert_eq!(r.privileged(), decides, "{method} {path}");
+            let decides = *method == "POST";
+            assert_eq!(r.access() == Access::Privileged, decides, "{method} {path}");
         }
     }
 
@@ -447,7 +510,7 @@ mod tests {
 
     #[test]
     fn only_the_health_probes_are_open_without_the_token() {
-        for (pattern, method, _) in ROUTES {
+        for (pattern, method, _, _) in ROUTES {
             let path = pattern
                 .replace("{ns}", "default")
                 .replace("{name}", "p")
@@ -459,13 +522,52 @@ mod tests {
 
     #[test]
     fn the_route_table_lists_every_route() {
-        for (pattern, method, codes) in ROUTES {
+        for (pattern, method, access, codes) in ROUTES {
             let path = pattern
                 .replace("{ns}", "default")
                 .replace("{name}", "p")
                 .replace("{id}", "0123456789abcdef");
-            assert!(route(method, &path).is_ok(), "{method} {path}");
+            let r = route(method, &path);
+            assert!(r.is_ok(), "{method} {path}");
             assert!(!codes.is_empty());
+            assert_eq!(
+                r.unwrap().access(),
+                *access,
+                "{method} {path}: the table's class"
+            );
+            if *access == Access::Privileged {
+                assert!(codes.contains(&403), "{method} {path} refuses with 403");
+            }
+        }
+    }
+
+    /// What brings new code or credentials is privileged; what only reads, or triggers what
+    /// the cloud decided, stays open (OpenYurt's OTA manager calls those without a token).
+    #[test]
+    fn only_what_brings_new_bits_or_credentials_is_privileged() {
+        let privileged: Vec<_> = ROUTES
+            .iter()
+            .filter(|r| r.2 == Access::Privileged)
+            .map(|r| (r.1, r.0))
+            .collect();
+        assert_eq!(
+            privileged,
+            [
+                ("POST", "/v1/images/load"),
+                ("PUT", "/v1/bootstrap-token"),
+                ("POST", "/v1/transactions"),
+                ("POST", "/v1/transactions/{id}/commit"),
+                ("POST", "/v1/transactions/{id}/rollback"),
+            ]
+        );
+        for (m, p) in [
+            ("GET", "/pods"),
+            ("POST", "/openyurt.io/v1/namespaces/a/pods/b/upgrade"),
+            ("POST", "/openyurt.io/v1/namespaces/a/pods/b/imagepull"),
+            ("GET", "/v1/namespaces/a/pods/b/log"),
+            ("GET", "/v1/status"),
+        ] {
+            assert_eq!(route(m, p).unwrap().access(), Access::Open, "{m} {p}");
         }
     }
 

@@ -304,7 +304,12 @@ pub fn get(state: &ApiState, id: &str) -> Reply {
 
 /// `POST /v1/transactions/{id}/commit`: only once every pod is Verified; again: 200.
 pub fn commit(state: &ApiState, id: &str) -> Reply {
-    match state.store.decide_transaction(id, Decision::Commit, None) {
+    // The crash sweep kills edgehub before and after the decision's write: the manager, told
+    // nothing, asks again, and gets the same answer.
+    crate::failpoint::hit("transaction:before:commit");
+    let decided = state.store.decide_transaction(id, Decision::Commit, None);
+    crate::failpoint::hit("transaction:after:commit");
+    match decided {
         Ok(Decided::Now(t)) => {
             tracing::info!(transaction = %t.id, "transaction committed by the OTA manager");
             Reply::json(200, txn_json(&t).to_string())
@@ -323,10 +328,12 @@ pub fn rollback(state: &ApiState, id: &str, body: &[u8]) -> Reply {
         Ok(r) => r.unwrap_or_else(|| "rolled back by the OTA manager".into()),
         Err(why) => return Reply::text(400, why),
     };
-    match state
+    crate::failpoint::hit("transaction:before:rollback");
+    let decided = state
         .store
-        .decide_transaction(id, Decision::Rollback, Some(&reason))
-    {
+        .decide_transaction(id, Decision::Rollback, Some(&reason));
+    crate::failpoint::hit("transaction:after:rollback");
+    match decided {
         Ok(Decided::Now(t)) => {
             tracing::info!(transaction = %t.id, reason = %reason, "transaction rolled back by the OTA manager");
             Reply::json(200, txn_json(&t).to_string())

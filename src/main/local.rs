@@ -17,6 +17,23 @@ pub(crate) fn local_client(cli: &Cli) -> anyhow::Result<LocalClient> {
     ))
 }
 
+/// The same, for a privileged route: over the unix socket when one is configured.
+pub(crate) fn privileged_client(cli: &Cli) -> anyhow::Result<LocalClient> {
+    let config = load_config(cli)?;
+    Ok(LocalClient::privileged_for_config(
+        &config,
+        listen::read_token(&config.api)?,
+        std::time::Duration::from_secs(30),
+    ))
+}
+
+/// The error of a privileged command's 403: the API's words and what to do.
+pub(crate) fn forbidden(what: &str, a: &local::Answer, c: &LocalClient) -> anyhow::Error {
+    // SAFETY: geteuid(2) cannot fail and touches no memory.
+    let euid = unsafe { libc::geteuid() };
+    anyhow::anyhow!(local::forbidden(what, &a.body, &c.target, euid))
+}
+
 pub fn pods(cli: &Cli) -> anyhow::Result<()> {
     let a = local_client(cli)?.get("/pods")?;
     if a.status != 200 {
@@ -53,7 +70,11 @@ pub fn bootstrap(cli: &Cli, token_file: &str) -> anyhow::Result<()> {
         token = std::fs::read_to_string(token_file)
             .with_context(|| format!("cannot read {token_file}"))?;
     }
-    let a = local_client(cli)?.put("/v1/bootstrap-token", token.trim().as_bytes())?;
+    let client = privileged_client(cli)?;
+    let a = client.put("/v1/bootstrap-token", token.trim().as_bytes())?;
+    if a.status == 403 {
+        return Err(forbidden("edgehub bootstrap", &a, &client));
+    }
     if a.status != 202 {
         anyhow::bail!("PUT /v1/bootstrap-token: {} {}", a.status, a.body.trim());
     }
@@ -91,7 +112,12 @@ pub fn images_load(cli: &Cli, file: &str, force: bool) -> anyhow::Result<()> {
     } else {
         "/v1/images/load"
     };
-    let a = local_client(cli)?.upload(path, reader, len, &headers)?;
+    let client = privileged_client(cli)?;
+    let a = client.upload(path, reader, len, &headers)?;
+    if a.status == 403 && a.body.starts_with("Forbidden: ") {
+        // The access class's refusal (the image policy's 403 says which image and why).
+        return Err(forbidden("edgehub images load", &a, &client));
+    }
     if a.status != 200 {
         anyhow::bail!("{} ({})", a.body.trim(), a.status);
     }

@@ -51,6 +51,7 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
     edgehub::mountns::set_runtime_socket(&config.cri_socket);
     let cri_health = cri::spawn_monitor(CriClient::new(&config.cri_socket), shutdown_rx.clone());
     let token = listen::read_token(&config.api)?;
+    let socket_access = listen::socket_access(&config.api)?;
     let listeners = listen::bind(config.api_addr, &config.api).await?;
     let (client, mut identity) = node_client(&config)?;
     // The handed-over bootstrap token is sealed with the same device key as Secrets.
@@ -187,6 +188,7 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
         sync_stats: sync.stats.clone(),
         metrics: Default::default(),
         token,
+        socket: socket_access,
         node_name: config.node_name.clone(),
         cri: cri_health,
         runtime: Some(CriClient::new(&config.cri_socket)),

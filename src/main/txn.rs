@@ -9,7 +9,7 @@ use edgehub::local_client::LocalClient;
 use serde_json::Value;
 use std::time::{Duration, Instant};
 
-use super::local_cmds::local_client;
+use super::local_cmds::{forbidden, local_client, privileged_client};
 use super::Cli;
 
 /// How long a wait keeps asking an API that does not answer (edgehub restarting after a crash
@@ -68,8 +68,11 @@ fn follow(
 /// `edgehub upgrade NS/POD[@REV]... --manual-commit [--timeout D] [--wait]`.
 pub fn start(cli: &Cli, pods: &[String], wait: bool, timeout: Option<&str>) -> anyhow::Result<()> {
     let body = out::start_body(pods, timeout).map_err(anyhow::Error::msg)?;
-    let client = local_client(cli)?;
+    let client = privileged_client(cli)?;
     let a = client.post_body("/v1/transactions", body.as_bytes())?;
+    if a.status == 403 && a.body.starts_with("Forbidden") {
+        return Err(forbidden("edgehub upgrade --manual-commit", &a, &client));
+    }
     let t = answer_json(a.status, &a.body, "the transaction was refused")?;
     let id = t["id"]
         .as_str()
@@ -83,7 +86,8 @@ pub fn start(cli: &Cli, pods: &[String], wait: bool, timeout: Option<&str>) -> a
         "Verified" => Some(true),
         // Committed by the manager before this wait saw Verified: it got where it was asked.
         "Committing" | "Committed" => Some(true),
-        "RollingBack" | "RolledBack" | "Failed" => Some(false),
+        // Ended otherwise, once the old revisions run again.
+        "RolledBack" | "Failed" => Some(false),
         _ => None,
     })?;
     Ok(())
@@ -92,12 +96,15 @@ pub fn start(cli: &Cli, pods: &[String], wait: bool, timeout: Option<&str>) -> a
 /// `edgehub commit ID`: waits until every pod is Done; a committed transaction is success.
 pub fn commit(cli: &Cli, id: &str) -> anyhow::Result<()> {
     out::check_id(id).map_err(anyhow::Error::msg)?;
-    let client = local_client(cli)?;
+    let client = privileged_client(cli)?;
     let a = client.post(&format!("/v1/transactions/{id}/commit"))?;
+    if a.status == 403 {
+        return Err(forbidden("edgehub commit", &a, &client));
+    }
     answer_json(a.status, &a.body, &format!("commit {id}"))?;
     follow(&client, id, |state| match state {
         "Committed" => Some(true),
-        "RollingBack" | "RolledBack" | "Failed" => Some(false),
+        "RolledBack" | "Failed" => Some(false),
         _ => None,
     })?;
     println!("{id} Committed");
@@ -108,9 +115,12 @@ pub fn commit(cli: &Cli, id: &str) -> anyhow::Result<()> {
 /// a rolled-back transaction is success, one that ended Failed is not.
 pub fn rollback(cli: &Cli, id: &str, reason: Option<&str>) -> anyhow::Result<()> {
     out::check_id(id).map_err(anyhow::Error::msg)?;
-    let client = local_client(cli)?;
+    let client = privileged_client(cli)?;
     let body = out::rollback_body(reason);
     let a = client.post_body(&format!("/v1/transactions/{id}/rollback"), body.as_bytes())?;
+    if a.status == 403 {
+        return Err(forbidden("edgehub rollback", &a, &client));
+    }
     answer_json(a.status, &a.body, &format!("rollback {id}"))?;
     follow(&client, id, |state| match state {
         "RolledBack" => Some(true),

@@ -105,6 +105,12 @@ impl<R: CriRuntime + 'static> Engine<R> {
             })
         };
         let from_hash = rec.from_hash.as_deref().unwrap_or("?");
+        // Why it ends: said by this move, or by the move into RollingBack before it (the
+        // manager's reason, the container that exited).
+        let why = error
+            .as_deref()
+            .or(rec.error.as_deref())
+            .unwrap_or("no reason recorded");
         match to {
             State::Pulling => effects.events.extend(event(
                 "Normal",
@@ -151,20 +157,12 @@ impl<R: CriRuntime + 'static> Engine<R> {
             State::RolledBack => effects.events.extend(event(
                 "Warning",
                 "UpgradeRolledBack",
-                format!(
-                    "Upgrade to revision {} rolled back: {}",
-                    rec.to_hash,
-                    error.as_deref().unwrap_or("no reason recorded")
-                ),
+                format!("Upgrade to revision {} rolled back: {why}", rec.to_hash,),
             )),
             State::Failed => effects.events.extend(event(
                 "Warning",
                 "UpgradeFailed",
-                format!(
-                    "Upgrade to revision {} failed: {}",
-                    rec.to_hash,
-                    error.as_deref().unwrap_or("no reason recorded")
-                ),
+                format!("Upgrade to revision {} failed: {why}", rec.to_hash,),
             )),
             _ => {}
         }

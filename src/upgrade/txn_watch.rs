@@ -29,6 +29,7 @@ impl<R: CriRuntime + 'static> Engine<R> {
                 tracing::warn!(transaction = %t.id, reason = %why, "transaction not committed in time; rolling back");
                 self.store
                     .decide_transaction(&t.id, Decision::Rollback, Some(&why))?;
+                crate::failpoint::hit("transaction:after:deadline");
             }
         }
         Ok(())

@@ -123,10 +123,12 @@ pub async fn node_shaped(tag: &str, shape: Shape) -> Node {
             "node_name = \"{name}\"\napi_addr = \"{api}\"\ndata_dir = \"{}\"\nkubeconfig = \"{}\"\ncri_socket = \"{}\"\n\
              [sync]\nbackoff_initial_ms = 50\nbackoff_max_secs = 1\n\
              [upgrade]\nverify_timeout_secs = 6\ninputs_timeout_secs = 5\n\
-             [report]\nreconnect_jitter_secs = 2\nretry_max_secs = 4\n",
+             [report]\nreconnect_jitter_secs = 2\nretry_max_secs = 4\n\
+             [api]\nsocket = \"{}\"\nsocket_mode = \"0600\"\n",
             dir.path().join("data").display(),
             kc.display(),
-            socket.display()
+            socket.display(),
+            dir.path().join("api.sock").display()
         ),
     )
     .unwrap();
@@ -274,6 +276,12 @@ impl Node {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("edgehub.log")).unwrap_or_default()
+    }
+
+    /// The local API's unix socket (root-only, as the shipped config has it): where the
+    /// privileged routes (image loads, the bootstrap token) are served to root.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("api.sock")
     }
 
     /// One request to the local API.
