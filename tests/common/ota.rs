@@ -1,8 +1,8 @@
 //! What the OTA manager tests share (tests/mender.rs, tests/swupdate.rs): a node running the
 //! real edgehub against the fake apiserver and the shared containerd, its pods rolled to
 //! revisions whose images no registry has (they come as archives in the update), the link
-//! down, and edgehub's API on its unix socket alone: the transaction's routes are privileged,
-//! and the managers run edgehub's CLI as root over that socket.
+//! down, and edgehub's API as shipped: TCP and a root-only unix socket, over which the managers
+//! (root) run edgehub's CLI for the privileged requests (image loads, transactions).
 #![allow(dead_code)]
 
 use crate::archive;
@@ -89,17 +89,10 @@ fn gateway_pod(node: &str, uid: &str) -> Value {
 /// registry has; edgehub runs, offline.
 pub async fn fleet(tag: &str, images: &[Image]) -> Fleet {
     assert!(!images.is_empty() && images.len() <= 2);
+    // The node's API as the shipped config has it: TCP, and the root-only unix socket the CLI
+    // sends the privileged requests (image loads, transactions) over.
     let mut n = edge::node(tag).await;
-    let socket = n.dir.path().join("api.sock");
-    let api = n.api.clone();
-    let sock = socket.clone();
-    n.edit_config(move |s| {
-        format!(
-            "{}[api]\nsocket = \"{}\"\nsocket_mode = \"0600\"\n",
-            s.replace(&format!("api_addr = \"{api}\""), "api_addr = \"none\""),
-            sock.display()
-        )
-    });
+    let socket = n.socket();
     let gw_uid = format!("gw-{tag}-{}", std::process::id());
     n.server.modify("pods", "vehicle", "telemetry-sv74m", |p| {
         probe(&mut p["spec"])
