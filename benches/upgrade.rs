@@ -3,6 +3,9 @@
 //! probe), beside containerd's own work for the same swap in the same run: create the new
 //! container, stop the old one (with the pod's grace period, 5 s at most), start the new one.
 //!
+//! Then transactions (`upgrade/txn.rs`): install to Verified and a rollback from Verified, each
+//! beside containerd's own work, and the flash one transaction of two pods writes.
+//!
 //! Prints numbers and `METRIC` lines for `benches/run.sh`; asserts nothing about time.
 //! Run: `cargo bench --bench upgrade`.
 
@@ -11,6 +14,10 @@ mod common;
 #[path = "../tests/common/edge.rs"]
 mod edge;
 mod support;
+#[path = "../tests/common/txn.rs"]
+mod txn;
+#[path = "upgrade/txn.rs"]
+mod txn_bench;
 
 use edgehub::cri::{api, labels, CriClient, CriRuntime};
 use std::collections::HashMap;
@@ -126,5 +133,6 @@ fn main() {
         support::metric("upgrade_ms", e, "ms");
         support::metric("upgrade_containerd_ms", r, "ms");
         support::metric("upgrade_overhead_ms", e - r, "ms");
+        txn_bench::run().await;
     });
 }

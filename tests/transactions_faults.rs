@@ -9,7 +9,7 @@ mod edge;
 #[path = "common/txn.rs"]
 mod txn;
 
-use edge::{node, Node, Shape};
+use edge::{node, Node};
 use edgehub::cri::CriRuntime;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -118,49 +118,6 @@ async fn a_verified_transaction_survives_a_kill_and_a_power_cycle() {
     n.clean().await;
 }
 
-/// The recorded gateway pod bound to the node too, in its shape, with a second revision whose
-/// app image is `image` (before edgehub starts). Returns its uid.
-fn add_gateway(n: &Node, image: &str) -> String {
-    let list = edgehub_testsupport::fixture_body("pods_list_node");
-    let mut gw = list["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["metadata"]["name"] == "gateway-v9hb2")
-        .unwrap()
-        .clone();
-    let uid = format!("gw-{}", n.uid);
-    gw["spec"]["nodeName"] = n.name.clone().into();
-    gw["metadata"]["uid"] = uid.clone().into();
-    Shape::HostNetwork.apply(&mut gw["spec"]);
-    gw["metadata"]
-        .as_object_mut()
-        .unwrap()
-        .remove("resourceVersion");
-    n.server.apply("pods", gw);
-    n.server.modify(
-        "controllerrevisions",
-        "vehicle",
-        "gateway-6c4d5f8b7c",
-        |c| Shape::HostNetwork.apply(&mut c["data"]["spec"]["template"]["spec"]),
-    );
-    let mut cr = n
-        .server
-        .get("controllerrevisions", "vehicle", "gateway-6c4d5f8b7c")
-        .unwrap();
-    cr["metadata"]["name"] = "gateway-r2gw".into();
-    cr["metadata"]["labels"]["controller-revision-hash"] = "r2gw".into();
-    cr["metadata"]["uid"] = "uid-gateway-r2gw".into();
-    cr["metadata"]
-        .as_object_mut()
-        .unwrap()
-        .remove("resourceVersion");
-    cr["revision"] = 2.into();
-    cr["data"]["spec"]["template"]["spec"]["containers"][0]["image"] = image.into();
-    n.server.apply("controllerrevisions", cr);
-    uid
-}
-
 /// The PodNeedUpgrade condition of pod `name` as `GET /pods` serves it.
 fn need_of(n: &Node, name: &str) -> Option<Value> {
     let (code, body) = n.http("GET", "/pods");
@@ -192,7 +149,7 @@ async fn app_image_of(n: &Node, uid: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_pods_roll_back_together_when_the_second_fails() {
     let mut n = node("txtwo").await;
-    let gw = add_gateway(&n, "127.0.0.1:5000/busybox:3.0-crash");
+    let gw = txn::add_gateway(&n, "127.0.0.1:5000/busybox:3.0-crash");
     n.start();
     n.wait_for(60, "both pods run", |n| {
         let gw = gw.clone();

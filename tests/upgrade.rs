@@ -457,13 +457,22 @@ async fn a_crash_at_any_point_of_a_recreate_ends_in_one_revision() {
         ("upgrade:after:RollingBack", RecreateCrash),
         ("upgrade:after:RolledBack", RecreateCrash),
     ];
-    for step in ["CreatePod", "CreateNew", "Start", "StopPod", "RemovePod"] {
+    // Host network: the old pod's containers stop first, its sandbox stays until the commit.
+    for step in [
+        "CreatePod",
+        "CreateNew",
+        "Start",
+        "StopContainers",
+        "RemovePod",
+    ] {
         points.push((leak(format!("upgrade:before:{step}")), Recreate));
         points.push((leak(format!("upgrade:step:{step}")), Recreate));
     }
-    // In the rollback, the first sandbox removed is the new one.
-    points.push(("upgrade:before:RemovePod", RecreateCrash));
-    points.push(("upgrade:step:RemovePod", RecreateCrash));
+    // In the rollback, the new sandbox goes, and the old spec runs again in the kept one.
+    for step in ["RemovePod", "RestoreOld"] {
+        points.push((leak(format!("upgrade:before:{step}")), RecreateCrash));
+        points.push((leak(format!("upgrade:step:{step}")), RecreateCrash));
+    }
     let n = sweep(&points).await;
     println!("crash points covered on the recreate path: {n}");
 }

@@ -131,6 +131,9 @@ enum Blocked {
 /// A driving task's own memory between rounds.
 struct Drive {
     readiness: steps::Readiness,
+    /// Store changes: a wait ends early when something changed (a transaction's decision, the
+    /// cache), so a decision is carried out at once, not a poll later.
+    changes: watch::Receiver<u64>,
     observer: Observer,
     /// The engine holds the pod (from the first step that touches a container).
     held: bool,
@@ -268,6 +271,7 @@ impl<R: CriRuntime + 'static> Engine<R> {
         let uid = req.pod_uid.clone();
         let mut st = Drive {
             readiness: steps::Readiness::default(),
+            changes: self.store.subscribe(),
             observer: Observer::default(),
             // Claimed before the runtime's first pass, after a restart.
             held: self.locks.holder(&uid) == Some(Holder::Upgrade),
@@ -298,6 +302,25 @@ impl<R: CriRuntime + 'static> Engine<R> {
         }
         if st.held {
             self.locks.release(&uid, Holder::Upgrade);
+        }
+    }
+
+    /// Waits a poll, or less when the store changes.
+    async fn pause(&self, st: &mut Drive) {
+        self.pause_for(st, self.config.poll).await
+    }
+
+    /// Waits `d`, or less when the store changes.
+    async fn pause_for(&self, st: &mut Drive, d: Duration) {
+        let changed = async {
+            if st.changes.changed().await.is_err() {
+                // The store is gone: only the poll is left.
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(d) => {}
+            _ = changed => {}
         }
     }
 
@@ -332,7 +355,7 @@ impl<R: CriRuntime + 'static> Engine<R> {
                 g.after.as_deref().unwrap_or("the pod before it")
             );
             self.waiting(&rec, Some(&why))?;
-            tokio::time::sleep(self.config.poll).await;
+            self.pause(st).await;
             return Ok(false);
         }
         let clock = crate::time::boot_ms();
@@ -414,7 +437,7 @@ impl<R: CriRuntime + 'static> Engine<R> {
         if let Some(step) = machine::decided(&journal) {
             match step {
                 Step::Go(to, error) => self.go(&rec, state, to, error, Some(&ctx), None)?,
-                _ => tokio::time::sleep(self.config.poll).await,
+                _ => self.pause(st).await,
             }
             return Ok(false);
         }
@@ -588,7 +611,13 @@ impl<R: CriRuntime + 'static> Engine<R> {
             Step::StopContainers(sb) => steps::stop_containers(cri, &now, &sb, grace).await?,
             Step::RemovePod(sb) => steps::stop_pod(cri, &now, &sb, grace, true).await?,
             Step::MarkReady(since) => self.store.set_ready_since(id, state.as_str(), since)?,
-            Step::Wait => tokio::time::sleep(self.config.poll).await,
+            // Verified may wait half an hour for the manager: a slower look at the runtime
+            // (a decision still wakes it at once).
+            Step::Wait if state == State::Verified => {
+                self.pause_for(st, self.config.poll.max(Duration::from_secs(1)))
+                    .await
+            }
+            Step::Wait => self.pause(st).await,
         }
         crate::failpoint::hit(&format!("upgrade:step:{point}"));
         Ok(false)

@@ -120,11 +120,12 @@ pub async fn node_shaped(tag: &str, shape: Shape) -> Node {
     std::fs::write(
         &config,
         format!(
+            // [report] stays the last table: tests append to it (tests/report.rs).
             "node_name = \"{name}\"\napi_addr = \"{api}\"\ndata_dir = \"{}\"\nkubeconfig = \"{}\"\ncri_socket = \"{}\"\n\
+             [api]\nsocket = \"{}\"\nsocket_mode = \"0600\"\n\
              [sync]\nbackoff_initial_ms = 50\nbackoff_max_secs = 1\n\
              [upgrade]\nverify_timeout_secs = 6\ninputs_timeout_secs = 5\n\
-             [report]\nreconnect_jitter_secs = 2\nretry_max_secs = 4\n\
-             [api]\nsocket = \"{}\"\nsocket_mode = \"0600\"\n",
+             [report]\nreconnect_jitter_secs = 2\nretry_max_secs = 4\n",
             dir.path().join("data").display(),
             kc.display(),
             socket.display(),

@@ -3,7 +3,7 @@
 //! cloud.
 #![allow(dead_code)]
 
-use crate::edge::Node;
+use crate::edge::{Node, Shape};
 use serde_json::Value;
 use std::process::Output;
 use std::time::{Duration, Instant};
@@ -112,4 +112,47 @@ pub async fn app(n: &Node) -> (String, String) {
         app[0].image.as_ref().unwrap().image.clone(),
         app[0].id.clone(),
     )
+}
+
+/// The recorded gateway pod bound to the node too, in its shape, with a second revision whose
+/// app image is `image` (before edgehub starts). Returns its uid.
+pub fn add_gateway(n: &Node, image: &str) -> String {
+    let list = edgehub_testsupport::fixture_body("pods_list_node");
+    let mut gw = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["metadata"]["name"] == "gateway-v9hb2")
+        .unwrap()
+        .clone();
+    let uid = format!("gw-{}", n.uid);
+    gw["spec"]["nodeName"] = n.name.clone().into();
+    gw["metadata"]["uid"] = uid.clone().into();
+    Shape::HostNetwork.apply(&mut gw["spec"]);
+    gw["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("resourceVersion");
+    n.server.apply("pods", gw);
+    n.server.modify(
+        "controllerrevisions",
+        "vehicle",
+        "gateway-6c4d5f8b7c",
+        |c| Shape::HostNetwork.apply(&mut c["data"]["spec"]["template"]["spec"]),
+    );
+    let mut cr = n
+        .server
+        .get("controllerrevisions", "vehicle", "gateway-6c4d5f8b7c")
+        .unwrap();
+    cr["metadata"]["name"] = "gateway-r2gw".into();
+    cr["metadata"]["labels"]["controller-revision-hash"] = "r2gw".into();
+    cr["metadata"]["uid"] = "uid-gateway-r2gw".into();
+    cr["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("resourceVersion");
+    cr["revision"] = 2.into();
+    cr["data"]["spec"]["template"]["spec"]["containers"][0]["image"] = image.into();
+    n.server.apply("controllerrevisions", cr);
+    uid
 }
