@@ -24,8 +24,12 @@ cri=(containerd runc docker-registry skopeo busybox-static containernetworking-p
 demo=(gcc libc6-dev sqlite3 curl)
 # The suite: `file` checks the musl binaries, systemd-analyze the unit, qemu runs aarch64,
 # pip installs zig for cargo-zigbuild, libfaketime moves edgehub's wall clock (the clock-jump
-# tests), chromium drives a hostile web page against the local API (tests/api.rs).
-test=(file systemd qemu-user-static python3-pip faketime chromium)
+# tests), chromium drives a hostile web page against the local API (tests/api.rs); the OTA
+# managers the integrations are tested with (tests/mender.rs, tests/swupdate.rs): Mender's
+# client and artifact tool, SWUpdate, cpio and openssl to build and sign a .swu, shellcheck for
+# the integrations' POSIX sh.
+test=(file systemd qemu-user-static python3-pip faketime chromium
+    mender-client mender-artifact swupdate cpio openssl shellcheck)
 
 case "$what" in
     cri) packages=("${cri[@]}") ;;

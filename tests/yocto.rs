@@ -609,14 +609,20 @@ fn readme_has_maintainer_submission_security_and_tells_how_it_links() {
         let rest = &readme[start..];
         rest[..rest.find("\n## ").unwrap_or(rest.len())].to_string()
     };
+    // yocto-check-layer's README test wants the words "maintainer" and "patch".
+    assert!(readme.to_lowercase().contains("maintainer") && readme.contains("patch"));
+    let security = read(&format!("{LAYER}/SECURITY.md"));
+    // Addresses that cannot receive mail: tests/yocto_layer.rs.
     assert!(
-        section("## Maintainer").contains('@'),
-        "a maintainer address"
+        section("## Maintainer").contains("issue tracker"),
+        "the maintainers are reached through the issue tracker"
     );
     let submit = section("## Submitting patches");
-    assert!(submit.contains("git send-email") && submit.contains("[meta-edgehub]"));
-    assert!(repo(&format!("{LAYER}/SECURITY.md")).is_file());
-    assert!(read(&format!("{LAYER}/SECURITY.md")).contains('@'));
+    assert!(
+        submit.contains("issue") && submit.contains("[meta-edgehub]"),
+        "{submit}"
+    );
+    assert!(security.contains("issue tracker") && security.contains("[meta-edgehub security]"));
     // The cargo class links against the image's C library; the README must not promise a
     // static binary for the Yocto build.
     assert!(!readme.contains("a static binary;"));

@@ -35,6 +35,17 @@ require ${BPN}-crates.inc
 
 inherit cargo cargo-update-recipe-crates systemd
 
+# The OTA managers' integrations (the repository's integrations/, docs/mender.md and
+# docs/swupdate.md), installed when a firmware team asks for them:
+#   PACKAGECONFIG:append:pn-edgehub = " mender"    Mender's Update Module for edgehub payloads,
+#                                                  ${datadir}/mender/modules/v3/edgehub
+#   PACKAGECONFIG:append:pn-edgehub = " swupdate"  the SWUpdate handler's device side,
+#                                                  ${libexecdir}/edgehub/edgehub-swupdate
+# Neither depends on a manager's layer: the image brings Mender or SWUpdate itself.
+PACKAGECONFIG ??= ""
+PACKAGECONFIG[mender] = ""
+PACKAGECONFIG[swupdate] = ""
+
 # A recipe that cannot be built skips itself with the reason, so adding the layer before
 # configuring it breaks nobody's parse or world build.
 python () {
@@ -65,11 +76,20 @@ do_install:append() {
     # The README links into docs/, so the pages keep that path beside it.
     install -d ${D}${docdir}/edgehub/docs
     install -m 0644 ${S}/docs/*.md ${S}/docs/openapi.yaml ${D}${docdir}/edgehub/docs/
+    if ${@bb.utils.contains('PACKAGECONFIG', 'mender', 'true', 'false', d)}; then
+        install -d ${D}${datadir}/mender/modules/v3
+        install -m 0755 ${S}/integrations/mender/edgehub ${D}${datadir}/mender/modules/v3/edgehub
+    fi
+    if ${@bb.utils.contains('PACKAGECONFIG', 'swupdate', 'true', 'false', d)}; then
+        install -d ${D}${libexecdir}/edgehub
+        install -m 0755 ${S}/integrations/swupdate/edgehub-swupdate ${D}${libexecdir}/edgehub/edgehub-swupdate
+    fi
 }
 
 SYSTEMD_SERVICE:${PN} = "edgehub.service"
 SYSTEMD_AUTO_ENABLE:${PN} = "enable"
-FILES:${PN} += "${localstatedir}/lib/edgehub ${systemd_system_unitdir}/edgehub.service"
+FILES:${PN} += "${localstatedir}/lib/edgehub ${systemd_system_unitdir}/edgehub.service \
+                ${datadir}/mender/modules/v3/edgehub ${libexecdir}/edgehub/edgehub-swupdate"
 CONFFILES:${PN} = "${sysconfdir}/edgehub/config.toml ${sysconfdir}/edgehub/bootstrap-kubeconfig"
 # The recommendation of a CRI runtime (meta-virtualization's containerd) is in
 # dynamic-layers/virtualization-layer, parsed only when that layer is present.
