@@ -6,6 +6,14 @@
 //! - `imagepull_flash`: flash bytes for 300 identical `POST .../imagepull` once the pre-pull
 //!   is done (budget: under 64 KiB). An OTA manager may ask on every poll; each ask used to
 //!   reopen the request and the engine to close it again, about 37 KB of WAL a time.
+//! - `archive_rss`: edgehub's peak RSS (`VmHWM`) while it refuses the three hostile image
+//!   archives (a GNU long name and a PAX header each declaring 1 GiB, 1 GiB of gzipped
+//!   zeros; about 1 MiB each on the wire), POSTed to `/v1/images/load` (budget: within
+//!   32 MiB of idle). The tar reader used to buffer the long name whole: 1 GiB and more.
+//! - `silent_connections`: the apiserver's `GET /containerLogs` on the node API (10250),
+//!   answered with 0 and with 64 TCP connections opened and left silent, as any pod that
+//!   reaches the node's address can hold them. They used to take the 32 slots before TLS,
+//!   for up to the idle timeout: no answer at all.
 //!
 //! A section is an `async fn(&mut Bench)` that prints its numbers and `METRIC` lines; add one
 //! to [`SECTIONS`] (and to the list above). Prints numbers; asserts nothing about time.
@@ -15,6 +23,8 @@
 mod common;
 #[path = "../tests/common/edge.rs"]
 mod edge;
+#[path = "../tests/common/node_api.rs"]
+mod node_api;
 mod support;
 
 use serde_json::Value;
@@ -33,7 +43,11 @@ struct Bench {
 type Section = for<'a> fn(&'a mut Bench) -> Pin<Box<dyn Future<Output = ()> + 'a>>;
 
 /// The sections, in the order they run.
-const SECTIONS: &[(&str, Section)] = &[("imagepull_flash", |b| Box::pin(imagepull_flash(b)))];
+const SECTIONS: &[(&str, Section)] = &[
+    ("imagepull_flash", |b| Box::pin(imagepull_flash(b))),
+    ("archive_rss", |b| Box::pin(archive_rss(b))),
+    ("silent_connections", |b| Box::pin(silent_connections(b))),
+];
 
 /// Identical asks measured, and the budget of their writes.
 const PULLS: usize = 300;
@@ -153,6 +167,184 @@ async fn imagepull_flash(_: &mut Bench) {
         "B",
     );
     n.clean().await;
+}
+
+/// The peak resident memory of process `pid` (`VmHWM`), in bytes; 0 when unreadable.
+fn peak_rss(pid: u32) -> u64 {
+    support::proc_status_kib(pid, "VmHWM").unwrap_or(0) << 10
+}
+
+/// `POST path` with `body` over the node's root-only unix socket (the load route is
+/// privileged): the status.
+fn post_on_socket(n: &edge::Node, path: &str, body: &[u8]) -> u16 {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::os::unix::net::UnixStream::connect(n.socket()) else {
+        return 0;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(120)));
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    let Ok(mut w) = s.try_clone() else { return 0 };
+    let body = body.to_vec();
+    // Written beside the read: edgehub may answer (400) before it has taken the whole body.
+    let writer = std::thread::spawn(move || {
+        let _ = w.write_all(head.as_bytes());
+        let _ = w.write_all(&body);
+    });
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let _ = writer.join();
+    String::from_utf8_lossy(&out)
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+const ARCHIVE_RSS_BUDGET: u64 = 32 << 20;
+
+async fn archive_rss(_: &mut Bench) {
+    let mut n = edge::node("hostile-rss").await;
+    // No pod to run: the memory measured is edgehub's own.
+    n.server.remove("pods", "vehicle", "telemetry-sv74m");
+    n.edit_config(|c| format!("log = \"warn\"\n{c}"));
+    n.start();
+    if !support::wait_for(30, || n.http("GET", "/v1/images").0 == 200).await {
+        println!("archive_rss: the local API never came up\n{}", n.log());
+        return;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let pid = n.child.as_ref().map(|c| c.id()).unwrap_or(0);
+    let idle = peak_rss(pid);
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    println!("archive_rss: peak RSS idle {:.1} MiB", mib(idle));
+    let mut worst = idle;
+    for (what, bytes) in edgehub_testsupport::hostile_archive::all(1 << 30) {
+        let t = Instant::now();
+        let code = post_on_socket(&n, "/v1/images/load?force=true", &bytes);
+        let peak = peak_rss(pid);
+        worst = worst.max(peak);
+        println!(
+            "  {what}: {} KiB on the wire, 1 GiB declared: {code} in {:.0} ms; peak RSS {:.1} MiB",
+            bytes.len() >> 10,
+            t.elapsed().as_secs_f64() * 1000.0,
+            mib(peak)
+        );
+    }
+    println!(
+        "  worst peak {:.1} MiB, {:.1} MiB over idle; budget {} MiB over idle: {}",
+        mib(worst),
+        mib(worst - idle),
+        ARCHIVE_RSS_BUDGET >> 20,
+        if worst - idle < ARCHIVE_RSS_BUDGET {
+            "ok"
+        } else {
+            "OVER"
+        }
+    );
+    metric("hostile_archive_peak_rss_mib", mib(worst), "MiB");
+    metric(
+        "hostile_archive_rss_over_idle_mib",
+        mib(worst - idle),
+        "MiB",
+    );
+    n.clean().await;
+}
+
+/// Silent connections held while the apiserver asks.
+const SILENT: usize = 64;
+/// Requests timed in each phase.
+const ASKS: usize = 20;
+
+async fn silent_connections(_: &mut Bench) {
+    let s = match edgehub_testsupport::FakeApiServer::start().await {
+        Ok(s) => s,
+        Err(e) => {
+            println!("silent_connections: no fake apiserver: {e}");
+            return;
+        }
+    };
+    let node = format!("edge-silent-{}", std::process::id());
+    let pod = serde_json::json!({
+        "metadata": {"name": "talker", "namespace": "vehicle", "uid": format!("silent-{}", std::process::id()), "resourceVersion": "1"},
+        "spec": {
+            "nodeName": node,
+            "hostNetwork": true,
+            "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "app", "image": "127.0.0.1:5000/busybox:1.0", "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "echo one; while true; do sleep 1; echo tick; done"]}]
+        },
+        "status": {"phase": "Pending"}
+    });
+    let run = node_api::start_served(&s, &node, &[pod]).await;
+    let Ok(client) = edgehub_testsupport::hostile::apiserver_client(&s.pki) else {
+        println!("silent_connections: no kubelet client");
+        return;
+    };
+    let addr = run.node_api;
+    let path = "/containerLogs/vehicle/talker/app?tailLines=1";
+    let ask = || edgehub_testsupport::hostile::get(&client, addr, path, Duration::from_secs(10));
+    // The container's first line: the route answers 200 from here on.
+    let first = Instant::now();
+    while !matches!(ask().await, Ok((200, ref b)) if !b.is_empty()) {
+        if first.elapsed() > Duration::from_secs(60) {
+            println!("silent_connections: no log line within 60 s");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let phase = |held: usize| {
+        let ask = &ask;
+        async move {
+            let conns = if held > 0 {
+                edgehub_testsupport::hostile::silent_connections(addr, held)
+                    .await
+                    .unwrap_or_default()
+            } else {
+                Vec::new()
+            };
+            let mut ms = Vec::with_capacity(ASKS);
+            let mut failed = 0;
+            for _ in 0..ASKS {
+                let t = Instant::now();
+                match tokio::time::timeout(Duration::from_secs(20), ask()).await {
+                    Ok(Ok((200, _))) => ms.push(t.elapsed().as_secs_f64() * 1000.0),
+                    _ => failed += 1,
+                }
+            }
+            drop(conns);
+            ms.sort_by(f64::total_cmp);
+            (ms, failed)
+        }
+    };
+    let pct = |v: &[f64], p: f64| {
+        if v.is_empty() {
+            f64::NAN
+        } else {
+            v[((v.len() as f64 - 1.0) * p).round() as usize]
+        }
+    };
+    let (calm, calm_failed) = phase(0).await;
+    let (held, held_failed) = phase(SILENT).await;
+    println!(
+        "silent_connections: the apiserver's GET /containerLogs on a new TLS connection, {ASKS} times"
+    );
+    println!(
+        "  none held: median {:.1} ms, max {:.1} ms, {calm_failed} unanswered",
+        pct(&calm, 0.5),
+        pct(&calm, 1.0)
+    );
+    println!(
+        "  {SILENT} silent TCP connections held: median {:.1} ms, max {:.1} ms, {held_failed} unanswered (20 s each)",
+        pct(&held, 0.5),
+        pct(&held, 1.0)
+    );
+    metric("hostile_silent_logs_median_ms", pct(&held, 0.5), "ms");
+    metric("hostile_silent_logs_unanswered", held_failed as f64, "");
+    drop(run);
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]

@@ -31,7 +31,8 @@ fn peak_rss(pid: u32) -> u64 {
 
 /// `POST path` with `body` and its length: (status, body).
 fn post(n: &Node, path: &str, body: &[u8]) -> (u16, String) {
-    let mut s = std::net::TcpStream::connect(&n.api).unwrap();
+    // The route is privileged: root on the unix socket (the tests run as root).
+    let mut s = std::os::unix::net::UnixStream::connect(n.socket()).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
     let head = format!(
         "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
@@ -279,7 +280,8 @@ fn trickle(
     give_up: Duration,
 ) -> (u16, String, Duration) {
     let start = std::time::Instant::now();
-    let mut s = std::net::TcpStream::connect(&n.api).unwrap();
+    // The route is privileged: root on the unix socket (the tests run as root).
+    let mut s = std::os::unix::net::UnixStream::connect(n.socket()).unwrap();
     s.write_all(
         b"POST /v1/images/load?force=true HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2097152\r\nConnection: close\r\n\r\n",
     )

@@ -282,6 +282,21 @@ pub fn challenge(auth: Auth) -> &'static str {
 mod tests {
     use super::*;
 
+    #[test]
+    fn only_the_health_probes_are_open_without_the_token() {
+        for (pattern, method, _, _) in super::super::router::ROUTES {
+            let path = pattern
+                .replace("{ns}", "default")
+                .replace("{name}", "p")
+                .replace("{id}", "0123456789abcdef");
+            let open = matches!(
+                super::super::router::route(method, &path),
+                Ok(super::super::router::Route::Healthz | super::super::router::Route::Readyz)
+            );
+            assert_eq!(is_open_path(&path), open, "{path}");
+        }
+    }
+
     const LO: Via = Via::Tcp {
         local: IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
     };

@@ -8,7 +8,6 @@
 //! then refuses (400) a blob the declaration does not list or lists with another size.
 
 use super::reference::is_sha256_digest;
-use super::scan::Scanned;
 use std::collections::HashMap;
 
 /// The request header.
@@ -160,6 +159,35 @@ impl Ledger {
                 )),
             },
         }
+    }
+}
+
+// A scan's result (super::scan), what from_scan declares from: here, not in the scanner, so
+// the imports among scan, entry (which keeps the ledger) and declare point one way.
+
+/// A blob of the archive, as its tar header describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScannedBlob {
+    /// Its path in the archive.
+    pub path: String,
+    /// `sha256:<hex>` where the path names it.
+    pub digest: Option<String>,
+    pub size: u64,
+}
+
+/// What a scan found.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Scanned {
+    /// Each blob once (a digest the archive holds twice is listed once).
+    pub blobs: Vec<ScannedBlob>,
+    /// Whether the archive is gzip-compressed.
+    pub gzip: bool,
+}
+
+impl Scanned {
+    /// The bytes of every blob, counted once.
+    pub fn total(&self) -> u64 {
+        self.blobs.iter().map(|b| b.size).sum()
     }
 }
 

@@ -6,7 +6,6 @@ use super::reference::is_sha256_digest;
 use super::tarstream::{Header, Kind};
 use super::ImageError;
 use std::collections::HashMap;
-use std::io::Read;
 
 /// The most bytes of an archive entry edgehub does not use (docker save's `VERSION` and
 /// `json`, `repositories`): anything larger is not an image archive's, and would only cost
@@ -225,20 +224,6 @@ pub(super) fn sha256_hex(d: ring::digest::Digest) -> String {
         let _ = write!(s, "{b:02x}");
     }
     s
-}
-
-/// Reads until `buf` is full or the reader ends.
-pub(super) fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match r.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
 }
 
 #[cfg(test)]

@@ -4,10 +4,11 @@
 //! thread, reading the archive as a stream and never holding more than a chunk of a blob.
 
 pub use super::entry::MAX_JSON;
-use super::entry::{read_full, resolve, sha256_hex, Judge, Step};
+use super::entry::{resolve, sha256_hex, Judge, Step};
 use super::oci::{self, Descriptor};
 use super::policy::{self, Offer, Verdict, Wanted};
 use super::reference::Reference;
+use super::tarstream::read_full;
 use super::tarstream::{Streamed, TarReader};
 use super::ImageError;
 use crate::containerd::Containerd;

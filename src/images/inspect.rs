@@ -3,9 +3,10 @@
 //! as it parses them, the links followed, and the names the archive gives its images. The
 //! same pure parts the import runs, on any bytes: for the fuzz target and the tests.
 
-use super::entry::{read_full, resolve, Judge, Step};
+use super::entry::{resolve, Judge, Step};
 use super::oci;
 use super::reference::Reference;
+use super::tarstream::read_full;
 use super::tarstream::{Streamed, TarReader};
 use super::ImageError;
 use std::collections::HashMap;

@@ -8,36 +8,13 @@
 //! config); docker save's `layer.tar` files have no digest until they are hashed, so they are
 //! listed by size alone.
 
-use super::entry::{check_unused, classify, clean, read_full, Entry, Names};
+use super::entry::{check_unused, classify, clean, Entry, Names};
+use super::tarstream::read_full;
 use super::tarstream::{Kind, Seeked, Source, Streamed, TarError, TarReader};
 use std::collections::HashSet;
 use std::io::{BufReader, Read, Seek, SeekFrom};
 
-/// A blob of the archive, as its tar header describes it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ScannedBlob {
-    /// Its path in the archive.
-    pub path: String,
-    /// `sha256:<hex>` where the path names it.
-    pub digest: Option<String>,
-    pub size: u64,
-}
-
-/// What a scan found.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Scanned {
-    /// Each blob once (a digest the archive holds twice is listed once).
-    pub blobs: Vec<ScannedBlob>,
-    /// Whether the archive is gzip-compressed.
-    pub gzip: bool,
-}
-
-impl Scanned {
-    /// The bytes of every blob, counted once.
-    pub fn total(&self) -> u64 {
-        self.blobs.iter().map(|b| b.size).sum()
-    }
-}
+pub use super::declare::{Scanned, ScannedBlob};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ScanError {

@@ -305,7 +305,7 @@ impl<S: Source> TarReader<S> {
         self.bounded(format!("{what} at byte {at}"), size)?;
         // Bounded above: at most 64 KiB.
         let mut buf = vec![0u8; size as usize];
-        let n = super::entry::read_full(&mut self.src, &mut buf).map_err(TarError::Io)?;
+        let n = read_full(&mut self.src, &mut buf).map_err(TarError::Io)?;
         self.pos += n as u64;
         if n < buf.len() {
             return Err(TarError::Io(io::Error::new(
@@ -319,7 +319,7 @@ impl<S: Source> TarReader<S> {
 
     /// Reads a header block: `false` at the stream's end before its first byte.
     fn read_block(&mut self, buf: &mut [u8]) -> Result<bool, TarError> {
-        let n = super::entry::read_full(&mut self.src, buf).map_err(TarError::Io)?;
+        let n = read_full(&mut self.src, buf).map_err(TarError::Io)?;
         self.pos += n as u64;
         match n {
             0 => Ok(false),
@@ -377,6 +377,20 @@ impl<S: Source> Read for Data<'_, S> {
         r.pos += n as u64;
         Ok(n)
     }
+}
+
+/// Reads until `buf` is full or the reader ends.
+pub(super) fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
 }
 
 #[cfg(test)]
