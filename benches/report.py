@@ -60,6 +60,19 @@ ROWS = [
     ("upgrade_overhead_ms", "offline in-place upgrade, minus containerd's own swap", 300,
      "Ankaios rolling update 1455 ms vs K3s 2101 ms"),
     ("upgrade_ms", "offline in-place upgrade, POST → new container running", None, ""),
+    ("txn_install_overhead_ms", "transaction install → Verified, minus containerd's own work, "
+     "per pod", 300, "benches/upgrade/txn.rs"),
+    ("txn_rollback_overhead_ms", "rollback from Verified → old revision ready, minus "
+     "containerd's own work", 500, ""),
+    ("txn_flash_write_bytes_two_pods", "flash written by one transaction of two pods, request → "
+     "Committed", None, "write_bytes of /proc/PID/io"),
+    ("hostile_imagepull_300_write_bytes", "flash written by 300 identical imagepull POSTs after "
+     "the pre-pull is done", 64 * 1024, "benches/hostile.rs; was 11 MB"),
+    ("hostile_archive_rss_over_idle_mib", "peak RSS over idle while three hostile archives "
+     "(1 GiB declared, 1 MiB sent) are refused", 32, "was 1 GiB and more"),
+    ("hostile_silent_logs_median_ms", "the apiserver's logs request with 64 silent connections "
+     "held on 10250, median", None, "was: no answer"),
+    ("hostile_silent_logs_unanswered", "  of 20 such requests, unanswered", 0, ""),
     ("image_import_mb_per_s", "side-load of a 100 MB oci-archive, edgehub images load", None,
      "benches/images.rs"),
     ("ctr_import_mb_per_s", "  the same file by ctr images import --no-unpack, same run", None, ""),

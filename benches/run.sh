@@ -35,7 +35,7 @@ for a in "$@"; do
 done
 runs=${RUNS:-3}
 export EDGEHUB_FLASH_WINDOW_SECS=${EDGEHUB_FLASH_WINDOW_SECS:-600}
-benches=${ONLY:-"sync api runtime runtime_behaviour startup upgrade images outbox seal idle footprint flash fleet"}
+benches=${ONLY:-"sync api runtime runtime_behaviour startup upgrade images hostile outbox seal idle footprint flash fleet"}
 log() { printf '==> %s\n' "$*" >&2; }
 wanted() { [[ " $benches " == *" $1 "* ]]; }
 
@@ -94,7 +94,7 @@ for name in sync api footprint; do
 done
 # idle counts CPU seconds over three idle minutes: before the flash window and the aarch64
 # build beside it, whose compiler would not change edgehub's count but would slow it.
-for name in runtime runtime_behaviour startup upgrade images outbox seal idle; do
+for name in runtime runtime_behaviour startup upgrade images hostile outbox seal idle; do
     wanted "$name" && bench "$name" run1
 done
 # Then the flash window (about 9 minutes), which counts one process's writes, whatever else
