@@ -283,14 +283,16 @@ async fn only_a_device_whose_factory_certificate_names_it_gets_a_first_certifica
                 == Some("spec.signerName=kubernetes.io/kube-apiserver-client-kubelet")),
         "{selectors:?}"
     );
-    assert_eq!(
-        ctl.metric("edgehub_controller_csr_decisions_total{decision=\"approved\"}"),
-        Some(1.0)
-    );
-    assert_eq!(
-        ctl.metric("edgehub_controller_csr_decisions_total{decision=\"denied\"}"),
-        Some(4.0)
-    );
+    // Counted once the apiserver answered each decision's write (after the test sees it).
+    let decided = |d: &str| {
+        ctl.metric(&format!(
+            "edgehub_controller_csr_decisions_total{{decision=\"{d}\"}}"
+        ))
+    };
+    wait_until(10, "one approval and four denials counted", || {
+        decided("approved") == Some(1.0) && decided("denied") == Some(4.0)
+    })
+    .await;
     assert_deploy_rbac_allows_every_request(&server);
 }
 
@@ -550,9 +552,11 @@ async fn an_attestation_is_good_for_one_bootstrap() {
     };
     assert_eq!(record_requests("GET"), 2 + 3);
     assert_eq!(record_requests("POST") + record_requests("PUT"), 2);
-    assert_eq!(
-        ctl.metric("edgehub_controller_csr_decisions_total{decision=\"approved\"}"),
-        Some(1.0)
-    );
+    // The replica counts an approval once the apiserver has answered its write, which is
+    // after the test can see the approval there: wait for the count, do not race it.
+    wait_until(10, "replica-b counts its one approval", || {
+        ctl.metric("edgehub_controller_csr_decisions_total{decision=\"approved\"}") == Some(1.0)
+    })
+    .await;
     assert_deploy_rbac_allows_every_request(&server);
 }
