@@ -409,23 +409,58 @@ where
 {
     let svc = hyper::service::service_fn(move |req| {
         let (state, slot) = (state.clone(), slot.clone());
-        async move {
+        // Boxed: `without_shutdown` needs a future that is Unpin.
+        Box::pin(async move {
             let answer = handle(state, req, via).await;
             if matches!(&answer, Answer::Logs(s) if s.follows()) {
                 // Poisoned only if a thread panicked holding it; the slot is still a slot.
                 drop(slot.lock().unwrap_or_else(|p| p.into_inner()).take());
             }
             Ok::<_, std::convert::Infallible>(to_response(answer))
-        }
+        })
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_TIMEOUT)
         .max_buf_size(MAX_HEAD)
-        .serve_connection(TokioIo::new(io), svc);
-    if let Err(e) = conn.await {
-        tracing::debug!(error = %e, "local API connection ended with an error");
+        .serve_connection(TokioIo::new(io), svc)
+        .without_shutdown();
+    match conn.await {
+        Ok(parts) => {
+            // The connection's slot goes back now; the lingering below is bounded on its own.
+            drop(parts.service);
+            linger(parts.io.into_inner()).await;
+        }
+        Err(e) => tracing::debug!(error = %e, "local API connection ended with an error"),
     }
+}
+
+/// How long, and how many bytes, a closing connection still reads and discards.
+const LINGER: Duration = Duration::from_secs(1);
+const LINGER_BYTES: usize = 8 << 20;
+
+/// Closes our side of a connection whose last answer is written, then reads and discards
+/// what the client still sends, for at most [`LINGER`] and [`LINGER_BYTES`]. Closing with
+/// unread bytes makes the kernel send a reset, which can discard our answer before the
+/// client has read it: a client still streaming a body that the route refused before
+/// reading it (a privileged route over TCP without the token) saw "error writing a body to
+/// connection" instead of the 403 that says what to do.
+async fn linger<IO: AsyncRead + AsyncWrite + Unpin>(mut io: IO) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    if io.shutdown().await.is_err() {
+        return;
+    }
+    let _ = tokio::time::timeout(LINGER, async {
+        let mut buf = vec![0u8; 16 << 10];
+        let mut left = LINGER_BYTES;
+        while left > 0 {
+            match io.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    })
+    .await;
 }
 
 /// A listener the API serves on: TCP, or a unix socket.
