@@ -1721,7 +1721,14 @@ async fn identical_imagepulls_after_one_is_done_write_nothing() {
     }
     // Time for the engine to have picked up a request, had one been recorded.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_unwritten(&before, &store_files(&data), "20 identical imagepulls");
+    assert_unwritten(
+        &before,
+        &store_files(&data),
+        &format!(
+            "20 identical imagepulls (edgehub's log follows)\n{}\n",
+            n.log()
+        ),
+    );
     for a in answers {
         assert_eq!(
             a,

@@ -427,20 +427,22 @@ where
         .without_shutdown();
     match conn.await {
         Ok(parts) => {
-            // The connection's slot goes back now; the lingering below is bounded on its own.
-            drop(parts.service);
+            // The service (and with it the connection's slot) is kept while lingering, so
+            // lingering connections count among MAX_CONNECTIONS.
             linger(parts.io.into_inner()).await;
+            drop(parts.service);
         }
         Err(e) => tracing::debug!(error = %e, "local API connection ended with an error"),
     }
 }
 
-/// How long, and how many bytes, a closing connection still reads and discards.
+/// How long a closing connection still reads and discards what comes. Not bounded in bytes:
+/// a fast client on loopback sends many mebibytes before it reads the answer, and a reset
+/// after any byte bound would lose the answer again; reading costs no memory.
 const LINGER: Duration = Duration::from_secs(1);
-const LINGER_BYTES: usize = 8 << 20;
 
 /// Closes our side of a connection whose last answer is written, then reads and discards
-/// what the client still sends, for at most [`LINGER`] and [`LINGER_BYTES`]. Closing with
+/// what the client still sends, for at most [`LINGER`], until the client closes. Closing with
 /// unread bytes makes the kernel send a reset, which can discard our answer before the
 /// client has read it: a client still streaming a body that the route refused before
 /// reading it (a privileged route over TCP without the token) saw "error writing a body to
@@ -452,13 +454,7 @@ async fn linger<IO: AsyncRead + AsyncWrite + Unpin>(mut io: IO) {
     }
     let _ = tokio::time::timeout(LINGER, async {
         let mut buf = vec![0u8; 16 << 10];
-        let mut left = LINGER_BYTES;
-        while left > 0 {
-            match io.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => left = left.saturating_sub(n),
-            }
-        }
+        while matches!(io.read(&mut buf).await, Ok(n) if n > 0) {}
     })
     .await;
 }
