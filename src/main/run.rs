@@ -87,7 +87,9 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
         probe,
         config.node.clone(),
         config.node_name.clone(),
-    );
+    )
+    // The sync's watch of this Node tells the agent when the cloud overrode its Ready.
+    .with_cache(store.clone());
     let node_api_task = match config.node_api.addr {
         Some(addr) => Some(start_node_api(&config, &client, &store, addr, &shutdown_rx).await?),
         None => None,

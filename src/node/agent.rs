@@ -1,10 +1,12 @@
 //! The node task: register the Node, renew its Lease, patch its status when it changed.
 
-use super::object::{lease, new_node, reconcile_patch, significant, status};
+use super::object::{lease, new_node, ready_overridden, reconcile_patch, significant, status};
 use super::{goarch, NodeConfig, NodeProbe, NodeSample, LEASE_NAMESPACE};
 use crate::kube::resource::{LEASES, NODES};
 use crate::kube::{ApiClient, KubeError, PatchType};
 use crate::link::LinkState;
+use crate::object::Kind;
+use crate::store::Store;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
@@ -32,6 +34,9 @@ pub struct NodeAgent {
     conditions: Option<Value>,
     /// The last cycle renewed the Lease.
     healthy: bool,
+    /// The cache the Node's watch fills, and its change signal: with it, a returning link posts
+    /// status only once the watch shows that someone changed the Node's Ready meanwhile.
+    cache: Option<(Arc<Store>, watch::Receiver<u64>)>,
 }
 
 fn bump(c: &std::sync::atomic::AtomicU64) {
@@ -56,6 +61,34 @@ impl NodeAgent {
             last_status: None,
             conditions: None,
             healthy: false,
+            cache: None,
+        }
+    }
+
+    /// Reads the Node as the sync's watch caches it. Without it (a Node agent alone), a link
+    /// that returns posts status at once, changed or not, since the node lifecycle controller
+    /// may have set Ready=Unknown meanwhile and nothing else would say so.
+    pub fn with_cache(mut self, store: Arc<Store>) -> NodeAgent {
+        let changes = store.subscribe();
+        self.cache = Some((store, changes));
+        self
+    }
+
+    /// Whether the cached Node shows our Ready overridden since our last post (see
+    /// [`ready_overridden`]). A store that cannot be read says no: the periodic report
+    /// (`status_report`) still comes.
+    fn cloud_overrode_ready(&self) -> bool {
+        let (Some((store, _)), Some(posted)) = (&self.cache, &self.conditions) else {
+            return false;
+        };
+        match store.get(Kind::Node, "", &self.node_name) {
+            Ok(Some(n)) => serde_json::from_str::<Value>(&n.raw)
+                .is_ok_and(|node| ready_overridden(&node, posted)),
+            Ok(None) => false,
+            Err(e) => {
+                tracing::debug!(node = %self.node_name, error = %e, "cached Node unreadable");
+                false
+            }
         }
     }
 
@@ -72,6 +105,17 @@ impl NodeAgent {
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
+                r = cache_changed(&mut self.cache) => {
+                    if r.is_err() {
+                        self.cache = None;
+                        continue;
+                    }
+                    if !self.cloud_overrode_ready() {
+                        continue;
+                    }
+                    tracing::info!(node = %self.node_name, "the Node's Ready was changed by another (the node lifecycle controller, after a long cut): posting status now");
+                    self.last_status = None;
+                }
                 r = link.changed() => {
                     if r.is_err() {
                         // The sync stopped; keep the timer going.
@@ -86,10 +130,16 @@ impl NodeAgent {
                     if !back {
                         continue;
                     }
-                    tracing::info!(node = %self.node_name, "link is back: renewing the Lease and posting status now");
-                    // The node lifecycle controller may have set Ready=Unknown meanwhile:
+                    // The node lifecycle controller may have set Ready=Unknown meanwhile. With
+                    // the cache, the Node's watch says so when it resumes (a cut shorter than
+                    // the controller's grace period then costs no status post); without it,
                     // post status now, changed or not.
-                    self.last_status = None;
+                    if self.cache.is_some() {
+                        tracing::info!(node = %self.node_name, "link is back: renewing the Lease now; status when the Node's watch shows it changed");
+                    } else {
+                        tracing::info!(node = %self.node_name, "link is back: renewing the Lease and posting status now");
+                        self.last_status = None;
+                    }
                     tick.reset();
                 }
                 _ = shutdown.changed() => break,
@@ -282,6 +332,16 @@ impl NodeAgent {
         self.conditions = st.get("conditions").cloned();
         self.last_status = Some((sig, Instant::now()));
         Ok(())
+    }
+}
+
+/// The cache's next change; never, without a cache.
+async fn cache_changed(
+    cache: &mut Option<(Arc<Store>, watch::Receiver<u64>)>,
+) -> Result<(), watch::error::RecvError> {
+    match cache {
+        Some((_, rx)) => rx.changed().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -286,3 +286,29 @@ pub(super) fn significant(status: &Value) -> Value {
     }
     s
 }
+
+/// Whether someone changed the Node's Ready condition after edgehub last posted it: the
+/// cached Node (as the Node's watch last delivered it) carries the heartbeat of that post but
+/// another status. That is what the node lifecycle controller does when the Lease goes stale
+/// (Ready=Unknown, the kubelet's heartbeat kept); only a new status post undoes it.
+///
+/// A cached Node with an older heartbeat is one the watch has not yet brought up to the last
+/// post: nothing to say about it yet (its next event will). So a link that returns before the
+/// controller gave up on the node costs no status post, and one that returns after costs one,
+/// as soon as the watch replays the controller's change.
+pub fn ready_overridden(cached: &Value, posted_conditions: &Value) -> bool {
+    let ready = |conds: &Value| -> Option<(Value, Value)> {
+        conds
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "Ready")
+            .map(|c| (c["status"].clone(), c["lastHeartbeatTime"].clone()))
+    };
+    let (Some((ours, beat)), Some((theirs, their_beat))) = (
+        ready(posted_conditions),
+        ready(&cached["status"]["conditions"]),
+    ) else {
+        return false;
+    };
+    beat.is_string() && beat == their_beat && ours != theirs
+}

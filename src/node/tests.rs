@@ -292,3 +292,44 @@ fn the_node_advertises_its_apis_port() {
     let st = status(&sample(), &c, "edge-1", None, "t");
     assert_eq!(st["daemonEndpoints"]["kubeletEndpoint"]["Port"], 10250);
 }
+
+#[test]
+fn ready_is_overridden_only_by_another_status_under_our_last_heartbeat() {
+    use super::object::ready_overridden;
+    let posted = json!([
+        {"type": "MemoryPressure", "status": "False", "lastHeartbeatTime": "2026-12-04T06:00:00Z"},
+        {"type": "Ready", "status": "True", "lastHeartbeatTime": "2026-12-04T06:00:00Z"},
+    ]);
+    let node = |status: &str, beat: &str| {
+        json!({"status": {"conditions": [
+            {"type": "Ready", "status": status, "lastHeartbeatTime": beat,
+             "reason": "NodeStatusUnknown"},
+        ]}})
+    };
+    // The node lifecycle controller after its grace period: our heartbeat, another status.
+    assert!(ready_overridden(
+        &node("Unknown", "2026-12-04T06:00:00Z"),
+        &posted
+    ));
+    // Our own post, as the watch brings it back.
+    assert!(!ready_overridden(
+        &node("True", "2026-12-04T06:00:00Z"),
+        &posted
+    ));
+    // A cache not yet caught up with our post says nothing.
+    assert!(!ready_overridden(
+        &node("Unknown", "2026-12-04T05:59:00Z"),
+        &posted
+    ));
+    // Nothing to compare: no Ready in either, or no heartbeat.
+    assert!(!ready_overridden(&json!({}), &posted));
+    assert!(!ready_overridden(
+        &node("Unknown", "2026-12-04T06:00:00Z"),
+        &json!([])
+    ));
+    let no_beat = json!([{"type": "Ready", "status": "True"}]);
+    assert!(!ready_overridden(
+        &json!({"status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}}),
+        &no_beat
+    ));
+}
