@@ -174,35 +174,6 @@ fn peak_rss(pid: u32) -> u64 {
     support::proc_status_kib(pid, "VmHWM").unwrap_or(0) << 10
 }
 
-/// `POST path` with `body` over the node's root-only unix socket (the load route is
-/// privileged): the status.
-fn post_on_socket(n: &edge::Node, path: &str, body: &[u8]) -> u16 {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::os::unix::net::UnixStream::connect(n.socket()) else {
-        return 0;
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(120)));
-    let head = format!(
-        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    let Ok(mut w) = s.try_clone() else { return 0 };
-    let body = body.to_vec();
-    // Written beside the read: edgehub may answer (400) before it has taken the whole body.
-    let writer = std::thread::spawn(move || {
-        let _ = w.write_all(head.as_bytes());
-        let _ = w.write_all(&body);
-    });
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out);
-    let _ = writer.join();
-    String::from_utf8_lossy(&out)
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0)
-}
-
 const ARCHIVE_RSS_BUDGET: u64 = 32 << 20;
 
 async fn archive_rss(_: &mut Bench) {
@@ -223,7 +194,7 @@ async fn archive_rss(_: &mut Bench) {
     let mut worst = idle;
     for (what, bytes) in edgehub_testsupport::hostile_archive::all(1 << 30) {
         let t = Instant::now();
-        let code = post_on_socket(&n, "/v1/images/load?force=true", &bytes);
+        let code = n.post_on_socket("/v1/images/load?force=true", &bytes).0;
         let peak = peak_rss(pid);
         worst = worst.max(peak);
         println!(
@@ -267,18 +238,12 @@ async fn silent_connections(_: &mut Bench) {
         }
     };
     let node = format!("edge-silent-{}", std::process::id());
-    let pod = serde_json::json!({
-        "metadata": {"name": "talker", "namespace": "vehicle", "uid": format!("silent-{}", std::process::id()), "resourceVersion": "1"},
-        "spec": {
-            "nodeName": node,
-            "hostNetwork": true,
-            "automountServiceAccountToken": false,
-            "terminationGracePeriodSeconds": 0,
-            "containers": [{"name": "app", "image": "127.0.0.1:5000/busybox:1.0", "imagePullPolicy": "IfNotPresent",
-                "command": ["sh", "-c", "echo one; while true; do sleep 1; echo tick; done"]}]
-        },
-        "status": {"phase": "Pending"}
-    });
+    let pod = node_api::talker(
+        &node,
+        "vehicle",
+        &format!("silent-{}", std::process::id()),
+        "echo one; while true; do sleep 1; echo tick; done",
+    );
     let run = node_api::start_served(&s, &node, &[pod]).await;
     let Ok(client) = edgehub_testsupport::hostile::apiserver_client(&s.pki) else {
         println!("silent_connections: no kubelet client");

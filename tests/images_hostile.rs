@@ -29,33 +29,6 @@ fn peak_rss(pid: u32) -> u64 {
         .expect("VmHWM in /proc/PID/status")
 }
 
-/// `POST path` with `body` and its length: (status, body).
-fn post(n: &Node, path: &str, body: &[u8]) -> (u16, String) {
-    // The route is privileged: root on the unix socket (the tests run as root).
-    let mut s = std::os::unix::net::UnixStream::connect(n.socket()).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    let head = format!(
-        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    let mut w = s.try_clone().unwrap();
-    let body = body.to_vec();
-    let writer = std::thread::spawn(move || {
-        let _ = w.write_all(head.as_bytes());
-        let _ = w.write_all(&body);
-    });
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out);
-    let _ = writer.join();
-    let out = String::from_utf8_lossy(&out).into_owned();
-    let code = out
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (code, out.split("\r\n\r\n").nth(1).unwrap_or("").to_string())
-}
-
 /// A node with no pod to run (edgehub's memory is then its own), the drop directory looked at
 /// every second, `extra` added to its `[images]` section; started, its local API up.
 async fn quiet_node(tag: &str, extra: &str) -> Node {
@@ -95,7 +68,7 @@ async fn hostile_archives_are_refused_in_bounded_memory() {
     let idle = peak_rss(pid);
     let shapes = hostile::all(1 << 30);
     for (what, bytes) in &shapes {
-        let (code, body) = post(&n, "/v1/images/load?force=true", bytes);
+        let (code, body) = n.post_on_socket("/v1/images/load?force=true", bytes);
         let peak = peak_rss(pid);
         eprintln!(
             "{what}: {code} after {} bytes; peak RSS {} MiB, {} MiB idle: {body}",
@@ -344,7 +317,7 @@ async fn a_trickling_upload_is_cut_and_does_not_hold_other_imports() {
         });
         std::thread::sleep(Duration::from_secs(2));
         let started = std::time::Instant::now();
-        let (code, body) = post(&n, "/v1/images/load?force=true", &bytes);
+        let (code, body) = n.post_on_socket("/v1/images/load?force=true", &bytes);
         let took = started.elapsed();
         eprintln!("the import after the trickle: {code} after {took:?}");
         assert_eq!(
@@ -397,7 +370,7 @@ async fn an_import_waits_for_the_one_before_it_a_bounded_time() {
         });
         std::thread::sleep(Duration::from_secs(2));
         let started = std::time::Instant::now();
-        let (code, body) = post(&n, "/v1/images/load?force=true", &bytes);
+        let (code, body) = n.post_on_socket("/v1/images/load?force=true", &bytes);
         let took = started.elapsed();
         eprintln!("behind the slow upload: {code} after {took:?}: {body}");
         assert_eq!(code, 503, "{body}\n{}", n.log());
@@ -409,7 +382,7 @@ async fn an_import_waits_for_the_one_before_it_a_bounded_time() {
             "the slow upload was not cut while it kept the pace"
         );
     });
-    let (code, body) = post(&n, "/v1/images/load?force=true", &bytes);
+    let (code, body) = n.post_on_socket("/v1/images/load?force=true", &bytes);
     assert_eq!(code, 200, "once the slow upload ended: {body}\n{}", n.log());
     n.clean().await;
     let cri = edgehub::cri::CriClient::new(&common::cri_stack());

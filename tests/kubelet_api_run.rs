@@ -233,18 +233,12 @@ impl Edge {
 
 /// The talker pod: five numbered lines, then a tick every 0.3 s.
 fn talker(node: &str) -> serde_json::Value {
-    json!({
-        "metadata": {"name": "talker", "namespace": NS, "uid": format!("nodeapi-{}", std::process::id()), "resourceVersion": "1"},
-        "spec": {
-            "nodeName": node,
-            "hostNetwork": true,
-            "automountServiceAccountToken": false,
-            "terminationGracePeriodSeconds": 0,
-            "containers": [{"name": "app", "image": "127.0.0.1:5000/busybox:1.0", "imagePullPolicy": "IfNotPresent",
-                "command": ["sh", "-c", "for i in 1 2 3 4 5; do echo \"line $i\"; done; while true; do sleep 0.3; echo tick; done"]}]
-        },
-        "status": {"phase": "Pending"}
-    })
+    node_api::talker(
+        node,
+        NS,
+        &format!("nodeapi-{}", std::process::id()),
+        "for i in 1 2 3 4 5; do echo \"line $i\"; done; while true; do sleep 0.3; echo tick; done",
+    )
 }
 
 #[tokio::test]

@@ -297,18 +297,12 @@ async fn a_flood_of_bogus_tokens_keeps_the_good_ones_cached() {
 
 /// A hostNetwork busybox pod bound to `node` that prints a few lines, then one a second.
 fn talker(node: &str) -> serde_json::Value {
-    json!({
-        "metadata": {"name": "talker", "namespace": "vehicle", "uid": format!("hostile-{}", std::process::id()), "resourceVersion": "1"},
-        "spec": {
-            "nodeName": node,
-            "hostNetwork": true,
-            "automountServiceAccountToken": false,
-            "terminationGracePeriodSeconds": 0,
-            "containers": [{"name": "app", "image": "127.0.0.1:5000/busybox:1.0", "imagePullPolicy": "IfNotPresent",
-                "command": ["sh", "-c", "for i in 1 2 3; do echo \"line $i\"; done; while true; do sleep 1; echo tick; done"]}]
-        },
-        "status": {"phase": "Pending"}
-    })
+    node_api::talker(
+        node,
+        "vehicle",
+        &format!("hostile-{}", std::process::id()),
+        "for i in 1 2 3; do echo \"line $i\"; done; while true; do sleep 1; echo tick; done",
+    )
 }
 
 /// Issue 31: one request with the apiserver's kubelet-client certificate (anyone with

@@ -284,15 +284,13 @@ mod tests {
 
     #[test]
     fn only_the_health_probes_are_open_without_the_token() {
-        for (pattern, method, _, _) in super::super::router::ROUTES {
+        use crate::api::router::{route, Route, ROUTES};
+        for (pattern, method, _, _) in ROUTES {
             let path = pattern
                 .replace("{ns}", "default")
                 .replace("{name}", "p")
                 .replace("{id}", "0123456789abcdef");
-            let open = matches!(
-                super::super::router::route(method, &path),
-                Ok(super::super::router::Route::Healthz | super::super::router::Route::Readyz)
-            );
+            let open = matches!(route(method, &path), Ok(Route::Healthz | Route::Readyz));
             assert_eq!(is_open_path(&path), open, "{path}");
         }
     }

@@ -309,6 +309,39 @@ impl Node {
         (code, body)
     }
 
+    /// `POST path` with `body` over the root-only unix socket, where the privileged routes
+    /// (image loads) are served to root: (status, body); status 0 when nothing answered. The
+    /// body is written beside the read, since edgehub may answer (a 400) before taking it all.
+    pub fn post_on_socket(&self, path: &str, body: &[u8]) -> (u16, String) {
+        use std::io::{Read, Write};
+        let Ok(mut s) = std::os::unix::net::UnixStream::connect(self.socket()) else {
+            return (0, String::new());
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(120)));
+        let Ok(mut w) = s.try_clone() else {
+            return (0, String::new());
+        };
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
+        let body = body.to_vec();
+        let writer = std::thread::spawn(move || {
+            let _ = w.write_all(head.as_bytes());
+            let _ = w.write_all(&body);
+        });
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        let _ = writer.join();
+        let out = String::from_utf8_lossy(&out);
+        let code = out
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        (code, out.split("\r\n\r\n").nth(1).unwrap_or("").to_string())
+    }
+
     pub fn upgrade_path(&self) -> String {
         "/openyurt.io/v1/namespaces/vehicle/pods/telemetry-sv74m/upgrade".into()
     }

@@ -20,6 +20,23 @@ use std::time::{Duration, Instant};
 const BIN: &str = env!("CARGO_BIN_EXE_edgehub");
 const CSRS: &str = "/apis/certificates.k8s.io/v1/certificatesigningrequests";
 
+/// A hostNetwork busybox pod named `talker` bound to `node`, its one container `app` running
+/// `script` (a log to read): the pod the node API's tests and benches serve.
+pub fn talker(node: &str, namespace: &str, uid: &str, script: &str) -> Value {
+    json!({
+        "metadata": {"name": "talker", "namespace": namespace, "uid": uid, "resourceVersion": "1"},
+        "spec": {
+            "nodeName": node,
+            "hostNetwork": true,
+            "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "app", "image": "127.0.0.1:5000/busybox:1.0", "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", script]}]
+        },
+        "status": {"phase": "Pending"}
+    })
+}
+
 pub fn free_addr() -> SocketAddr {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap()
