@@ -159,10 +159,59 @@ impl Store {
         self.conn().total_changes()
     }
 
-    fn conn(&self) -> MutexGuard<'_, Connection> {
+    fn conn(&self) -> Conn<'_> {
         // A poisoned mutex only means another thread panicked while holding it; SQLite's own
         // transaction state is still consistent, so carry on with the connection.
-        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+        let guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let changes = guard.total_changes();
+        Conn { guard, changes }
+    }
+}
+
+/// The connection while the store's mutex is held. When it is given back after a commit, it
+/// reads once, so that the commit's wal-index page takes its read mark now.
+///
+/// Why: the first read transaction after a commit moves a read mark in the `-shm` file (a
+/// shared mapping of a file next to the database) to the commit's last frame. The commit has
+/// just dirtied that page, so a read now costs nothing; the kernel writes the page back about
+/// 30 s later, and a read after that (the next periodic task's, minutes later) dirtied it
+/// again, a 4 KiB flash write of its own per commit. benches/flash.rs saw them as lone 4 KiB
+/// writes 40-170 s after each commit, a third of the device's steady-state hour without a
+/// key. The read costs two lock calls; it runs only when rows changed.
+struct Conn<'a> {
+    guard: MutexGuard<'a, Connection>,
+    /// SQLite's count of changed rows when the guard was taken.
+    changes: u64,
+}
+
+impl std::ops::Deref for Conn<'_> {
+    type Target = Connection;
+    fn deref(&self) -> &Connection {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for Conn<'_> {
+    fn deref_mut(&mut self) -> &mut Connection {
+        &mut self.guard
+    }
+}
+
+impl Drop for Conn<'_> {
+    fn drop(&mut self) {
+        // Not inside a transaction a caller left open (nothing is committed yet then), and
+        // only when rows changed (a commit, or a statement that committed on its own).
+        if !self.guard.is_autocommit() || self.guard.total_changes() == self.changes {
+            return;
+        }
+        // Reading the schema's first page is a read transaction of the whole file: it takes
+        // the read mark, then ends. A failure only means the mark moves on the next read.
+        if let Err(e) = self
+            .guard
+            .query_row("SELECT 1 FROM sqlite_schema LIMIT 1", [], |_| Ok(()))
+        {
+            tracing::debug!(error = %e, "reading after a commit failed");
+        }
     }
 }
 
