@@ -17,6 +17,7 @@
 
 mod cursors;
 mod journal;
+mod noatime;
 mod objects;
 mod open;
 mod outbox;

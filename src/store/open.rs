@@ -2,7 +2,9 @@
 //! damaged gets (left untouched, or moved aside on an explicit reset), the schema, and the
 //! device key that seals Secrets and tokens.
 
-use super::{cursors, schema, sources, DeviceKey, OpenMode, SealStatus, Store, StoreError};
+use super::{
+    cursors, noatime, schema, sources, DeviceKey, OpenMode, SealStatus, Store, StoreError,
+};
 use rusqlite::{Connection, OpenFlags};
 use std::fs::{File, OpenOptions};
 use std::io::Read;
@@ -76,6 +78,8 @@ impl Store {
     }
 
     fn new(conn: Connection, path: &Path, lock: File) -> Store {
+        // The connection has made the WAL and the index by now (WAL mode, the schema read).
+        noatime::apply(path);
         Store {
             conn: Mutex::new(conn),
             path: path.to_path_buf(),
