@@ -79,9 +79,11 @@ struct Attributed {
     other_growth: u64,
 }
 
-/// How long after a commit its writes are still its own: SQLite's -shm page is dirtied
-/// again by the next reader after the kernel wrote it back (`dirty_expire_centisecs`, 30 s),
-/// and the file system's metadata follows the commit's fsync.
+/// How long after a commit its writes are still its own: the file system's metadata follows
+/// the commit's fsync. Two later writes of a commit's are gone (50fc138, c30a779): the next
+/// read moving the -shm read mark, and the next read of the WAL writing its access time,
+/// each after the kernel had written the commit back (`dirty_expire_centisecs`, 30 s); they
+/// came as lone 4 KiB writes 40-170 s after commits, which this bench counted as background.
 const TAIL: Duration = Duration::from_secs(45);
 
 /// Sorts each sample's writes: with a TokenRequest in it (or in the 2 s before it) they are
