@@ -9,9 +9,9 @@
 //! bench's ext4 (benches/flash.rs, 24-48 KiB/h of the steady state without a device key), a
 //! journal commit on a journaling file system. Nothing in edgehub reads access times.
 //!
-//! Set on the directory too, so that a WAL SQLite makes again later (it removes it when the
-//! last connection closes) starts with the flag on the file systems that pass it on to new
-//! files (ext4, f2fs). A file system without the flag (some do not implement the call) or a
+//! Set on the directory too, so that a database, WAL or index SQLite makes later (it removes
+//! the WAL when the last connection closes) starts with the flag on the file systems that
+//! pass it on to new files (ext4, f2fs); elsewhere they get it at the next start. A file system without the flag (some do not implement the call) or a
 //! caller that may not set it (not the owner, no CAP_FOWNER) only costs the writes above:
 //! logged at debug, never an error.
 
@@ -23,7 +23,8 @@ use std::path::Path;
 const FS_NOATIME_FL: libc::c_int = 0x0000_0080;
 
 /// Sets the flag on the database's directory and on the database, `-wal` and `-shm` files
-/// that exist. Returns how many now carry it.
+/// that exist. Returns how many now carry it. Only before SQLite has opened them: this
+/// opens and closes each file, and a close drops the process's POSIX locks on it.
 pub(super) fn apply(db: &Path) -> usize {
     let mut done = 0;
     if let Some(dir) = db.parent().filter(|d| !d.as_os_str().is_empty()) {

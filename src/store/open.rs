@@ -51,6 +51,12 @@ impl Store {
         }
         let lock = take_lock(path)?;
         repair_modes(path)?;
+        // Before SQLite opens the files: closing any other descriptor of a file drops every
+        // POSIX lock the process holds on it, SQLite's included (a reader in another process
+        // then took the index for abandoned and rebuilt it under edgehub; tests/cli.rs's
+        // second-connection readers saw no rows). A database, WAL or index made later gets
+        // the flag from the directory.
+        noatime::apply(path);
 
         match (check_and_open(path), mode) {
             (Ok(store_conn), OpenMode::Normal) => Ok(Store::new(store_conn, path, lock)),
@@ -78,8 +84,6 @@ impl Store {
     }
 
     fn new(conn: Connection, path: &Path, lock: File) -> Store {
-        // The connection has made the WAL and the index by now (WAL mode, the schema read).
-        noatime::apply(path);
         Store {
             conn: Mutex::new(conn),
             path: path.to_path_buf(),
