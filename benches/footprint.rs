@@ -49,6 +49,16 @@ struct Idle {
     threads: u64,
 }
 
+/// How long the process idles before its RSS is read: 12 s, or `EDGEHUB_FOOTPRINT_IDLE_SECS`
+/// (a longer quiet shows whether timers that fire every few minutes, such as the periodic
+/// report and image GC, bring more of the binary back in).
+fn idle_secs() -> u64 {
+    std::env::var("EDGEHUB_FOOTPRINT_IDLE_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(12)
+}
+
 /// `edgehub run` with `pods` pods, runtime absent: RSS once it has listed, fetched and idled.
 async fn idle_rss(bin: &Path, pods: usize) -> Option<Idle> {
     let server = support::recorded_server().await;
@@ -76,7 +86,7 @@ async fn idle_rss(bin: &Path, pods: usize) -> Option<Idle> {
         );
         return None;
     }
-    tokio::time::sleep(Duration::from_secs(12)).await;
+    tokio::time::sleep(Duration::from_secs(idle_secs())).await;
     let pid = e.pid();
     if std::env::var_os("EDGEHUB_FOOTPRINT_SMAPS").is_some() {
         print_smaps(pid, pods);
@@ -257,7 +267,12 @@ fn main() {
         }
         let socket = common::cri_stack();
         let pods = 100;
-        let ms = cold_start(&bin, &socket, pods, 5).await;
+        // `EDGEHUB_FOOTPRINT_ROUNDS`: how many cold starts (5); cross/profile-hot.sh runs one.
+        let rounds = std::env::var("EDGEHUB_FOOTPRINT_ROUNDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(5);
+        let ms = cold_start(&bin, &socket, pods, rounds).await;
         if !ms.is_empty() {
             println!(
                 "cold start, offline, {pods} pods cached: exec -> readyz 200 median {:.1} ms over {} (all: {:.1?})",
