@@ -39,13 +39,6 @@ const IDLE: Duration = Duration::from_secs(20);
 /// After the short cut's restore: what a reconnect costs is counted over this long.
 const SHORT_AFTER: Duration = Duration::from_secs(60);
 
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 /// The short cut: requests in the `SHORT_AFTER` after the restore.
 struct Reconnect {
     cut: Duration,
@@ -373,7 +366,7 @@ fn report(o: &Outcome, jitter: bool) {
     println!(
         "fleet of {} after a {}-minute cut, {label}: {} requests in the {} s after the restore, {per_device:.1} per device ({:.1} of them what an idle device sends in as long); {} LIST; peak {} requests/s at the server ({} s after the restore); every device caught up after {}",
         o.devices,
-        env_or("EDGEHUB_FLEET_OFFLINE_SECS", 120) / 60,
+        support::env_or("EDGEHUB_FLEET_OFFLINE_SECS", 120) / 60,
         o.total,
         AFTER.as_secs(),
         o.idle_per_device,
@@ -424,9 +417,9 @@ fn main() {
     let Some(bin) = support::edgehub_bin() else {
         return;
     };
-    let devices = env_or("EDGEHUB_FLEET_DEVICES", 50) as usize;
-    let offline = Duration::from_secs(env_or("EDGEHUB_FLEET_OFFLINE_SECS", 120));
-    let short = Duration::from_secs(env_or("EDGEHUB_FLEET_SHORT_CUT_SECS", 40));
+    let devices = support::env_or("EDGEHUB_FLEET_DEVICES", 50) as usize;
+    let offline = Duration::from_secs(support::env_or("EDGEHUB_FLEET_OFFLINE_SECS", 120));
+    let short = Duration::from_secs(support::env_or("EDGEHUB_FLEET_SHORT_CUT_SECS", 40));
     println!(
         "binary: {}; {devices} devices per fleet, link cut for {} s",
         bin.display(),

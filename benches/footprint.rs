@@ -53,10 +53,7 @@ struct Idle {
 /// (a longer quiet shows whether timers that fire every few minutes, such as the periodic
 /// report and image GC, bring more of the binary back in).
 fn idle_secs() -> u64 {
-    std::env::var("EDGEHUB_FOOTPRINT_IDLE_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(12)
+    support::env_or("EDGEHUB_FOOTPRINT_IDLE_SECS", 12)
 }
 
 /// `edgehub run` with `pods` pods, runtime absent: RSS once it has listed, fetched and idled.
@@ -268,10 +265,7 @@ fn main() {
         let socket = common::cri_stack();
         let pods = 100;
         // `EDGEHUB_FOOTPRINT_ROUNDS`: how many cold starts (5); cross/profile-hot.sh runs one.
-        let rounds = std::env::var("EDGEHUB_FOOTPRINT_ROUNDS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(5);
+        let rounds = support::env_or("EDGEHUB_FOOTPRINT_ROUNDS", 5) as usize;
         let ms = cold_start(&bin, &socket, pods, rounds).await;
         if !ms.is_empty() {
             println!(

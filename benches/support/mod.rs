@@ -312,6 +312,14 @@ pub fn io_write_bytes(pid: u32) -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// A whole number from the environment (a bench's knob), or `default` when unset or unparsable.
+pub fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 pub fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return f64::NAN;

@@ -11,9 +11,10 @@
 //!
 //! Set on the directory too, so that a database, WAL or index SQLite makes later (it removes
 //! the WAL when the last connection closes) starts with the flag on the file systems that
-//! pass it on to new files (ext4, f2fs); elsewhere they get it at the next start. A file system without the flag (some do not implement the call) or a
-//! caller that may not set it (not the owner, no CAP_FOWNER) only costs the writes above:
-//! logged at debug, never an error.
+//! pass it on to new files (ext4, f2fs); elsewhere they get it at the next start. A file
+//! system without the flag (some do not implement the call) or a caller that may not set it
+//! (not the owner, no CAP_FOWNER) only costs the writes above: logged at debug, never an
+//! error.
 
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
