@@ -171,16 +171,27 @@ impl<R: CriRuntime + 'static> Engine<R> {
         Ok(n)
     }
 
-    /// Drives every active request, on every cache change and every second, until shutdown.
+    /// Drives every active request, on every cache change and link change, and every second
+    /// while something is under way (a request driven, a transaction's deadline counting, a
+    /// look that failed), until shutdown. An idle node's engine sleeps until the store or the
+    /// link changes: a wake-up a second cost the idle process a tenth of its CPU
+    /// (benches/idle.rs under `perf record`).
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let mut changes = self.store.subscribe();
+        let mut link = self.link.clone();
         let mut driving: HashMap<i64, JoinHandle<()>> = HashMap::new();
         // The cache generation and link state the runtime map and the pre-pulls were last
         // looked at for: both read every pod and DaemonSet, which an idle node must not do
         // once a second.
         let mut looked: Option<(u64, bool)> = None;
         loop {
+            // Seen now, so that the wait below ends on the next change, not on this one.
+            if let Some(l) = link.as_mut() {
+                l.borrow_and_update();
+            }
+            changes.borrow_and_update();
             driving.retain(|_, h| !h.is_finished());
+            let mut busy = false;
             match self.store.active_requests() {
                 Ok(active) => {
                     for r in active {
@@ -196,11 +207,19 @@ impl<R: CriRuntime + 'static> Engine<R> {
                         driving.insert(id, task);
                     }
                 }
-                Err(e) => tracing::warn!(error = %e, "cannot read the upgrade requests"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the upgrade requests");
+                    busy = true;
+                }
             }
-            if let Err(e) = self.watch_transactions() {
-                tracing::warn!(error = %e, "cannot look at the open transactions");
+            match self.watch_transactions() {
+                Ok(undecided) => busy |= undecided,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot look at the open transactions");
+                    busy = true;
+                }
             }
+            busy |= !driving.is_empty();
             let now = (*changes.borrow(), self.online());
             if looked != Some(now) {
                 let tidied = self.tidy();
@@ -213,10 +232,22 @@ impl<R: CriRuntime + 'static> Engine<R> {
                 }
                 // A failure is looked at again on the next tick.
                 looked = (tidied.is_ok() && requested.is_ok()).then_some(now);
+                busy |= looked.is_none();
             }
+            let link_changed = async {
+                let gone = match link.as_mut() {
+                    Some(l) => l.changed().await.is_err(),
+                    None => true,
+                };
+                if gone {
+                    // No link (offline-only), or its sender is gone: nothing to wait for.
+                    std::future::pending::<()>().await;
+                }
+            };
             tokio::select! {
-                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = tokio::time::sleep(Duration::from_secs(1)), if busy => {}
                 r = changes.changed() => { if r.is_err() { break; } }
+                _ = link_changed => {}
                 _ = shutdown.changed() => break,
             }
         }

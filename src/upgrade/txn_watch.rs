@@ -8,14 +8,17 @@ use crate::store::Decision;
 
 impl<R: CriRuntime + 'static> Engine<R> {
     /// One look at every open transaction: brings its deadline's count up to now, and rolls
-    /// back the ones whose deadline passed.
-    pub(super) fn watch_transactions(&self) -> Result<(), StoreError> {
+    /// back the ones whose deadline passed. Returns whether one is still waiting for a
+    /// decision (its deadline then needs the next look a second later).
+    pub(super) fn watch_transactions(&self) -> Result<bool, StoreError> {
         let boot = crate::time::boot_id();
         let now = crate::time::boot_ms();
+        let mut undecided = false;
         for t in self.store.open_transactions()? {
             if t.decision.is_some() {
                 continue;
             }
+            undecided = true;
             let verified = txn::state(&t) == txn::TxnState::Verified;
             let (elapsed, write) =
                 txn::Clock::of(&t).tick(verified, boot, now, t.commit_timeout_ms);
@@ -32,6 +35,6 @@ impl<R: CriRuntime + 'static> Engine<R> {
                 crate::failpoint::hit("transaction:after:deadline");
             }
         }
-        Ok(())
+        Ok(undecided)
     }
 }
