@@ -216,5 +216,16 @@ impl Drop for Conn<'_> {
     }
 }
 
+/// The database's files: the database itself, then SQLite's `-wal` and `-shm` beside it.
+/// Whatever is done to the database on disk (its modes, moving it aside, its access-time
+/// flag) is done to all three.
+fn database_files(db: &Path) -> [PathBuf; 3] {
+    ["", "-wal", "-shm"].map(|suffix| {
+        let mut p = db.as_os_str().to_owned();
+        p.push(suffix);
+        PathBuf::from(p)
+    })
+}
+
 #[cfg(test)]
 mod tests;

@@ -31,10 +31,8 @@ pub(super) fn apply(db: &Path) -> usize {
     if let Some(dir) = db.parent().filter(|d| !d.as_os_str().is_empty()) {
         done += usize::from(set(dir, true));
     }
-    for suffix in ["", "-wal", "-shm"] {
-        let mut p = db.as_os_str().to_owned();
-        p.push(suffix);
-        done += usize::from(set(Path::new(&p), false));
+    for p in super::database_files(db) {
+        done += usize::from(set(&p, false));
     }
     done
 }

@@ -232,10 +232,8 @@ fn repair_modes(path: &Path) -> Result<(), StoreError> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         repair(dir, 0o700)?;
     }
-    for suffix in ["", "-wal", "-shm"] {
-        let mut p = path.as_os_str().to_owned();
-        p.push(suffix);
-        repair(Path::new(&p), 0o600)?;
+    for p in super::database_files(path) {
+        repair(&p, 0o600)?;
     }
     Ok(())
 }
@@ -433,20 +431,14 @@ fn move_aside(path: &Path) -> Result<PathBuf, StoreError> {
     let mut aside = path.as_os_str().to_owned();
     aside.push(format!(".bad-{secs}"));
     let aside = PathBuf::from(aside);
-    for suffix in ["", "-wal", "-shm"] {
-        let mut from = path.as_os_str().to_owned();
-        from.push(suffix);
-        let mut to = aside.as_os_str().to_owned();
-        to.push(suffix);
+    for (from, to) in super::database_files(path)
+        .into_iter()
+        .zip(super::database_files(&aside))
+    {
         match std::fs::rename(&from, &to) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(source) => {
-                return Err(StoreError::Io {
-                    path: PathBuf::from(from),
-                    source,
-                })
-            }
+            Err(source) => return Err(StoreError::Io { path: from, source }),
         }
     }
     Ok(aside)
