@@ -2,7 +2,7 @@
 //! client and from 16 concurrent ones (each connection's first request timed apart), offline
 //! (the cache unchanged) and online (a pod changed every second, so the kept list is rendered
 //! again after each change), and throughput with 4 keep-alive connections. The server runs on
-//! a runtime of its own with one worker, as in `edgehub run`; the clients on another. Prints
+//! a runtime of its own with two workers, as in `edgehub run`; the clients on another. Prints
 //! numbers and `METRIC` lines for `benches/run.sh`; asserts nothing about time.
 //!
 //! Run: `cargo bench --bench api`.
@@ -318,9 +318,9 @@ fn main() {
         println!("api benchmark: run with `cargo bench --bench api`");
         return;
     }
-    // The server's runtime: one worker, as `edgehub run` builds it.
+    // The server's runtime: two workers, as `edgehub run` builds it.
     let server = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
+        .worker_threads(2)
         .enable_all()
         .build()
         .expect("server runtime");

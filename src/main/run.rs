@@ -19,15 +19,8 @@ pub fn run(cli: &super::Cli, reset_cache: bool) -> anyhow::Result<()> {
     let filter = edgehub::config::log_filter(&config.log)
         .map_err(|r| anyhow::anyhow!("the config's log filter: {r}"))?;
     super::init_logging(filter);
-    // One worker. The device process waits on sockets and timers; what burns CPU (image
-    // imports, log reads) runs on the blocking pool. With two workers an idle node's every
-    // wake-up (a relist, a probe) woke the other worker too, for nothing to steal: 36 context
-    // switches a second against 16 with one, and 0.14-0.16 CPU s per idle minute against
-    // 0.09 (benches/idle.rs). SQLite's calls block their worker either way, and the store's
-    // one connection serialized them already. GET /pods with 16 clients is as fast
-    // (benches/api.rs serves from a runtime built the same way).
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
+        .worker_threads(2)
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
