@@ -39,6 +39,25 @@ fn ready(server: &edgehub_testsupport::FakeApiServer, name: &str) -> bool {
     })
 }
 
+/// Context switches (voluntary and not) of the live threads of `pid`, summed: each is a
+/// wake-up or a preemption, so it counts the idle process's work without the VM's speed in it
+/// (the CPU time of the same work varied threefold on one VM in one day). Threads that exit in
+/// between (the blocking pool's, after 10 s idle) take theirs with them.
+fn context_switches(pid: u32) -> u64 {
+    let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    rd.flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+        .map(|s| {
+            s.lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .sum::<u64>()
+        })
+        .sum()
+}
+
 /// CPU ticks (utime + stime) of each thread of `pid`, by thread name.
 fn thread_ticks(pid: u32) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
@@ -113,20 +132,28 @@ fn main() {
             for w in 0..windows {
                 let (t0, before) = (Instant::now(), thread_ticks(pid));
                 let start = support::cpu_ticks(pid).unwrap_or(0);
+                let switches = context_switches(pid);
                 tokio::time::sleep(WINDOW).await;
                 let used = support::cpu_ticks(pid).unwrap_or(0).saturating_sub(start);
+                let switches = context_switches(pid).saturating_sub(switches);
                 let secs = used as f64 / hz;
                 let per_minute = secs * 60.0 / t0.elapsed().as_secs_f64();
                 for (name, ticks) in thread_ticks(pid) {
                     let d = ticks.saturating_sub(before.get(&name).copied().unwrap_or(0));
                     *per_thread.entry(name).or_default() += d;
                 }
+                let switches_per_minute = switches as f64 * 60.0 / t0.elapsed().as_secs_f64();
                 println!(
-                    "  window {}: {used} ticks, {secs:.2} CPU s in {:.0} s ({per_minute:.3} s per minute)",
+                    "  window {}: {used} ticks, {secs:.2} CPU s in {:.0} s ({per_minute:.3} s per minute), {switches} context switches",
                     w + 1,
                     t0.elapsed().as_secs_f64()
                 );
                 metric("idle_cpu_s_per_minute_2_probed_pods", per_minute, "s");
+                metric(
+                    "idle_context_switches_per_minute_2_probed_pods",
+                    switches_per_minute,
+                    "",
+                );
             }
             println!("  by thread over all windows (CPU s):");
             for (name, ticks) in per_thread.iter().filter(|(_, t)| **t > 0) {

@@ -95,6 +95,8 @@ ROWS = [
     ("idle_cpu_s_per_minute_2_probed_pods", "idle CPU (utime + stime) per minute, online, the 2 "
      "recorded DaemonSet pods (an exec readiness probe every 2 s each)", 0.15,
      "the stock kubelet beside the same 2 pods: 0.57 s"),
+    ("idle_context_switches_per_minute_2_probed_pods", "context switches per idle minute, the same "
+     "process (its wake-ups: the work, without the VM's speed)", None, ""),
     ("apiserver_requests_per_pod_per_idle_minute", "apiserver requests per pod per idle minute",
      None, "0 beyond the node's Lease"),
     ("flash_write_kib_per_hour_device_key", "flash writes at steady state with a device key, 5 "

@@ -13,6 +13,8 @@ pub struct State {
     pub containers: HashMap<String, api::Container>,
     pub images: HashSet<String>,
     pub pulls: Vec<String>,
+    /// `ContainerStatus` calls answered, for tests of what asks the runtime how often.
+    pub status_calls: usize,
     next: u64,
 }
 
@@ -205,7 +207,8 @@ impl CriRuntime for FakeCri {
     }
 
     async fn container_status(&self, id: &str) -> Result<Option<api::ContainerStatus>, CriError> {
-        let s = self.lock();
+        let mut s = self.lock();
+        s.status_calls += 1;
         let c = s
             .containers
             .get(id)

@@ -23,7 +23,7 @@
 
 use crate::cri::{api, CriError, CriRuntime};
 use crate::pod::observe;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -208,6 +208,21 @@ fn io_at(path: &Path) -> impl FnOnce(io::Error) -> RotateError + '_ {
     }
 }
 
+/// What a pass keeps for the next, so that an idle node's pass every 10 s asks the runtime
+/// one list and nothing per container (the kubelet asks each container's status each time).
+#[derive(Debug, Default)]
+struct Memo {
+    /// Each running container's log path: the runtime fixes it when the container is created.
+    log_paths: HashMap<String, String>,
+    /// The containers (per pod uid: name and attempt) the last prune of old attempts kept.
+    pruned: Option<BTreeMap<String, HashSet<(String, u32)>>>,
+    passes_since_prune: u32,
+}
+
+/// With the same containers, the old attempts are looked for again every this many passes
+/// (a minute at the kubelet's 10 s).
+const PRUNE_EVERY: u32 = 6;
+
 /// Runs the rotation of this node's containers' logs.
 pub struct Manager<R> {
     pub cri: Arc<R>,
@@ -223,12 +238,13 @@ impl<R: CriRuntime + 'static> Manager<R> {
         let mut tick = tokio::time::interval(self.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut failing = false;
+        let mut memo = Memo::default();
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
                 _ = shutdown.changed() => break,
             }
-            match self.pass().await {
+            match self.pass_with(&mut memo).await {
                 Ok(stats) => {
                     failing = false;
                     if stats != PassStats::default() {
@@ -247,6 +263,10 @@ impl<R: CriRuntime + 'static> Manager<R> {
 
     /// One pass over the node's containers, then their pods' old attempts.
     pub async fn pass(&self) -> Result<PassStats, CriError> {
+        self.pass_with(&mut Memo::default()).await
+    }
+
+    async fn pass_with(&self, memo: &mut Memo) -> Result<PassStats, CriError> {
         let containers: Vec<api::Container> = self
             .cri
             .list_containers(observe::managed(&self.node_name))
@@ -259,7 +279,7 @@ impl<R: CriRuntime + 'static> Manager<R> {
             if c.state != api::ContainerState::ContainerRunning as i32 {
                 continue;
             }
-            match self.check(&c.id).await {
+            match self.check(&c.id, memo).await {
                 Ok(s) => {
                     stats.rotated += s.rotated;
                     stats.compressed += s.compressed;
@@ -281,23 +301,42 @@ impl<R: CriRuntime + 'static> Manager<R> {
                     .insert((m.name.clone(), m.attempt));
             }
         }
-        let pods = self.data_dir.join("pods");
-        let removed = tokio::task::spawn_blocking(move || prune_old_attempts(&pods, &live))
-            .await
-            .unwrap_or(0);
-        stats.removed += removed;
+        memo.log_paths
+            .retain(|id, _| containers.iter().any(|c| c.id == *id));
+        // Old attempts appear when a container is replaced, which changes this set; a new
+        // attempt's log may come a moment after the container is listed, so the prune also
+        // runs every `PRUNE_EVERY` passes while the set stays the same.
+        memo.passes_since_prune += 1;
+        if memo.pruned.as_ref() != Some(&live) || memo.passes_since_prune >= PRUNE_EVERY {
+            memo.passes_since_prune = 0;
+            let pods = self.data_dir.join("pods");
+            let kept = live.clone();
+            let removed = tokio::task::spawn_blocking(move || prune_old_attempts(&pods, &kept))
+                .await
+                .unwrap_or(0);
+            stats.removed += removed;
+            memo.pruned = Some(live);
+        }
         Ok(stats)
     }
 
     /// The kubelet's per-container step: stat the log (reopen a missing one), rotate it once
     /// it is large enough.
-    async fn check(&self, id: &str) -> Result<PassStats, RotateError> {
-        let Some(status) = self.cri.container_status(id).await? else {
-            return Ok(PassStats::default());
+    async fn check(&self, id: &str, memo: &mut Memo) -> Result<PassStats, RotateError> {
+        let log_path = match memo.log_paths.get(id) {
+            Some(p) => p.clone(),
+            None => {
+                let Some(status) = self.cri.container_status(id).await? else {
+                    return Ok(PassStats::default());
+                };
+                memo.log_paths
+                    .insert(id.to_string(), status.log_path.clone());
+                status.log_path
+            }
         };
-        let path = PathBuf::from(&status.log_path);
+        let path = PathBuf::from(&log_path);
         // Only logs in the pods' directories: anything else is not edgehub's to rename.
-        if status.log_path.is_empty() || !path.starts_with(self.data_dir.join("pods")) {
+        if log_path.is_empty() || !path.starts_with(self.data_dir.join("pods")) {
             return Ok(PassStats::default());
         }
         let size = match std::fs::metadata(&path) {
@@ -423,6 +462,75 @@ fn prune_old_attempts(pods: &Path, live: &BTreeMap<String, HashSet<(String, u32)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_containers_status_is_asked_once_and_old_attempts_pruned_when_the_set_changes() {
+        use crate::cri::fake::FakeCri;
+        let dir = tempfile::tempdir().unwrap();
+        let cri = Arc::new(FakeCri::default());
+        let container = |id: &str, attempt: u32| api::Container {
+            id: id.into(),
+            metadata: Some(api::ContainerMetadata {
+                name: "app".into(),
+                attempt,
+            }),
+            state: api::ContainerState::ContainerRunning as i32,
+            labels: observe::managed("n")
+                .into_iter()
+                .chain([(crate::cri::labels::POD_UID.to_string(), "u".to_string())])
+                .collect(),
+            ..Default::default()
+        };
+        cri.state
+            .lock()
+            .unwrap()
+            .containers
+            .insert("c1".into(), container("c1", 0));
+        let logs = dir.path().join("pods/u/logs");
+        std::fs::create_dir_all(&logs).unwrap();
+        let m = Manager {
+            cri: cri.clone(),
+            node_name: "n".into(),
+            data_dir: dir.path().to_path_buf(),
+            policy: P,
+            interval: Duration::from_secs(10),
+        };
+        let mut memo = Memo::default();
+        m.pass_with(&mut memo).await.unwrap();
+        m.pass_with(&mut memo).await.unwrap();
+        assert_eq!(
+            cri.state.lock().unwrap().status_calls,
+            1,
+            "the log path is kept"
+        );
+        // Replaced twice: the oldest attempt's log goes on the next pass (the newest two
+        // stay, for `logs --previous`).
+        for a in 0..3 {
+            std::fs::write(logs.join(format!("app_{a}.log")), "line").unwrap();
+        }
+        {
+            let mut s = cri.state.lock().unwrap();
+            s.containers.remove("c1");
+            s.containers.insert("c2".into(), container("c2", 2));
+        }
+        let stats = m.pass_with(&mut memo).await.unwrap();
+        assert_eq!(stats.removed, 1, "{stats:?}");
+        assert!(!logs.join("app_0.log").exists());
+        assert_eq!(cri.state.lock().unwrap().status_calls, 2);
+        assert_eq!(
+            memo.log_paths.len(),
+            1,
+            "the gone container's path is forgotten"
+        );
+        // An old attempt's log that shows up while the containers stay the same goes within
+        // `PRUNE_EVERY` passes.
+        std::fs::write(logs.join("app_0.log"), "late").unwrap();
+        for _ in 0..PRUNE_EVERY {
+            m.pass_with(&mut memo).await.unwrap();
+        }
+        assert!(!logs.join("app_0.log").exists());
+        assert!(logs.join("app_1.log").exists() && logs.join("app_2.log").exists());
+    }
 
     fn names(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()

@@ -5,24 +5,31 @@
 use super::*;
 
 impl<R: CriRuntime + 'static> Reconciler<R> {
+    /// The store's rows this pass decides with: as last read, unless the store changed.
+    pub(super) fn reads(&mut self) -> Result<&mut StoreReads, RuntimeError> {
+        let fresh = StoreReads::refresh(self.reads.take(), &self.store, &self.node_name)?;
+        Ok(self.reads.insert(fresh))
+    }
+
     /// The upgrade uids on the snapshot's objects whose upgrades ended without committing.
     pub(super) fn ended_upgrades(
-        &self,
+        &mut self,
         snapshot: &observe::Snapshot,
     ) -> Result<HashSet<String>, RuntimeError> {
-        let mut uids: Vec<&str> = snapshot
+        let mut uids: Vec<String> = snapshot
             .sandboxes
             .iter()
             .map(|s| &s.labels)
             .chain(snapshot.containers.iter().map(|c| &c.labels))
-            .filter_map(|l| l.get(crate::cri::labels::UPGRADE_ID).map(String::as_str))
+            .filter_map(|l| l.get(crate::cri::labels::UPGRADE_ID).cloned())
             .collect();
         if uids.is_empty() {
             return Ok(HashSet::new());
         }
         uids.sort_unstable();
         uids.dedup();
-        Ok(self.store.ended_without_commit(&uids)?)
+        let store = self.store.clone();
+        Ok(self.reads()?.ended_without_commit(&store, uids)?)
     }
 
     /// A digest of what a settled pod's status is made of: the pod as read (its object, with
@@ -97,36 +104,12 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
     }
 
     /// Sandboxes awaiting their replacement pod, from the runtime map.
-    pub(super) fn awaiting(&self) -> Result<Vec<decide::Awaiting>, RuntimeError> {
-        // On the boot clock: the wall clock of a vehicle jumps.
-        let now = crate::time::boot_ms();
+    pub(super) fn awaiting(&mut self) -> Result<Vec<decide::Awaiting>, RuntimeError> {
         let limit = self.adopt_timeout.as_millis() as i64;
-        // Counted from when the pod object's deletion was seen, not from the DELETE: a link
-        // that drops right after the DELETE must not use up the replacement's time.
-        let seen = self.store.deletions_seen(now)?;
-        let mut out = Vec::new();
-        for r in self.store.running_revisions()? {
-            if r.awaiting_since_ms.is_none() {
-                continue;
-            }
-            let (namespace, owner_uid) = (
-                r.namespace.unwrap_or_default(),
-                r.owner_uid.unwrap_or_default(),
-            );
-            // No replacement comes for a DaemonSet that is gone: nothing to wait for.
-            let expired = match seen.get(&r.pod_uid) {
-                Some(s) => now - s >= limit || self.store.daemonset_gone(&namespace, &owner_uid)?,
-                None => false,
-            };
-            out.push(decide::Awaiting {
-                label_uid: r.pod_uid,
-                namespace,
-                owner_uid,
-                hash: r.hash,
-                expired,
-            });
-        }
-        Ok(out)
+        // On the boot clock: the wall clock of a vehicle jumps. Counted from when the pod
+        // object's deletion was seen, not from the DELETE: a link that drops right after the
+        // DELETE must not use up the replacement's time.
+        Ok(self.reads()?.awaiting(crate::time::boot_ms(), limit))
     }
 
     pub(super) fn refused_waiting(&self, uid: &str, now: Instant) -> bool {

@@ -26,6 +26,7 @@ pub mod act;
 pub mod decide;
 mod inputs;
 mod outcome;
+mod reads;
 mod report;
 
 use report::Owed;
@@ -43,6 +44,7 @@ use crate::pod::{Holder, PodLocks};
 use crate::podspec::{Missing, PlanError, Unsupported};
 use crate::store::{QueuedEvent, QueuedStatus, Store, StoredObject};
 use decide::{Action, Inputs, Memory, Restarts};
+use reads::StoreReads;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
@@ -145,6 +147,8 @@ pub struct Reconciler<R: CriRuntime> {
     desired: Option<DesiredCache>,
     /// The store's change counter ([`Store::subscribe`]).
     store_gen: watch::Receiver<u64>,
+    /// The other store rows a pass decides with, as of a store generation.
+    reads: Option<StoreReads>,
     /// [`Self::status_key`] of each pod's status as last queued (or found queued already):
     /// a pod whose key is the same needs no new one.
     status_keys: HashMap<String, u64>,
@@ -172,6 +176,7 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
     ) -> Self {
         Reconciler {
             store_gen: store.subscribe(),
+            reads: None,
             cri: Arc::new(cri),
             store,
             client,
@@ -334,7 +339,7 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
             .observer
             .observe(&*self.cri, &self.node_name, &self.data_dir.join("pods"))
             .await?;
-        snapshot.apply_aliases(self.store.pod_aliases()?);
+        snapshot.apply_aliases(self.reads()?.aliases.clone());
         let seen = snapshot.fingerprint();
         if !forced && !self.again && !self.owed.settled && seen == self.last_seen {
             return Ok(());
@@ -342,10 +347,7 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
         self.last_seen = seen;
         self.again = false;
         self.decided += 1;
-        let sources_ready = self
-            .store
-            .cursor(&crate::sync::pods_cursor_key(&self.node_name))?
-            .is_some();
+        let sources_ready = self.reads()?.sources_ready;
         let desired = self.desired_pods(&snapshot)?;
         let desired = &desired[..];
         probes::track(&mut self.probes, desired, &snapshot, now);
@@ -443,7 +445,7 @@ impl<R: CriRuntime + 'static> Reconciler<R> {
         // Settled pods: report their status, unless nothing it is made of changed since the
         // last pass queued them all (an idle node's passes are its probes', which change
         // nothing but a verdict now and then).
-        let pulled = self.store.pulled_revisions()?;
+        let pulled = self.reads()?.pulled.clone();
         self.status_keys
             .retain(|uid, _| by_uid.contains_key(uid.as_str()));
         let store = self.store.clone();
