@@ -136,9 +136,20 @@ mod tests {
         assert!(first.aliases.is_empty());
         assert!(!first.sources_ready);
         let read_at = first.generation;
-        // Nothing written: the same rows, not read again.
+        // Nothing written through the store: the same rows, not read again. A row put into
+        // the file behind its back (another connection, which the device never has) shows
+        // that: a read would see it.
+        let other = rusqlite::Connection::open(dir.path().join("db")).unwrap();
+        other
+            .execute(
+                "INSERT INTO pod_aliases (label_uid, pod_uid, since_ms) VALUES ('x', 'y', 0)",
+                [],
+            )
+            .unwrap();
+        drop(other);
         let same = StoreReads::refresh(Some(first), &store, "n").unwrap();
         assert_eq!(same.generation, read_at);
+        assert!(same.aliases.is_empty(), "read again: {:?}", same.aliases);
         // A write that does not ring the store's change bell (`forget_aliases_of` does not)
         // still moves the generation: `adopt` then `forget_aliases_of`, each seen.
         store.adopt("label", "pod").unwrap();
@@ -148,9 +159,14 @@ mod tests {
             adopted.aliases.get("label").map(String::as_str),
             Some("pod")
         );
+        assert_eq!(adopted.aliases.get("x").map(String::as_str), Some("y"));
         store.forget_aliases_of("pod").unwrap();
         let forgotten = StoreReads::refresh(Some(adopted), &store, "n").unwrap();
-        assert!(forgotten.aliases.is_empty(), "{:?}", forgotten.aliases);
+        assert!(
+            !forgotten.aliases.contains_key("label"),
+            "{:?}",
+            forgotten.aliases
+        );
     }
 
     #[test]
