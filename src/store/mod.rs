@@ -89,6 +89,10 @@ pub enum OpenMode {
 /// The open database. Calls are short and synchronous; the mutex serializes them.
 pub struct Store {
     conn: Mutex<Connection>,
+    /// SQLite's count of changed rows as of the last time the connection was given back
+    /// ([`Store::generation`]): published before the mutex is released, so reading it never
+    /// waits behind a write (a commit's fsync can take milliseconds).
+    generation: std::sync::atomic::AtomicU64,
     path: PathBuf,
     /// Held for the life of the store: an exclusive `flock` on the data directory itself
     /// (see [`take_lock`]), so two edgehubs never share one database or one pods directory.
@@ -156,8 +160,15 @@ impl Store {
     /// (`sqlite3_total_changes64`). The store is the file's only writer (its lock on the data
     /// dir), so a view derived from the store (the rendered pod list of `GET /pods`) stays
     /// true for as long as this number does not move, whatever it was derived from.
+    ///
+    /// It is the count as of the last time the connection was given back, so it never waits
+    /// for the connection: a write in progress shows once it is done. That is enough for a
+    /// view: a view read before the write and checked against this number after its reads is
+    /// kept only if no write was given back in between (the release of the store's mutex
+    /// orders the number's update before any later read of the connection), and one whose
+    /// reads saw a write finds the number moved.
     pub fn generation(&self) -> u64 {
-        self.conn().total_changes()
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
     }
 
     fn conn(&self) -> Conn<'_> {
@@ -165,7 +176,11 @@ impl Store {
         // transaction state is still consistent, so carry on with the connection.
         let guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
         let changes = guard.total_changes();
-        Conn { guard, changes }
+        Conn {
+            guard,
+            changes,
+            generation: &self.generation,
+        }
     }
 }
 
@@ -183,6 +198,8 @@ struct Conn<'a> {
     guard: MutexGuard<'a, Connection>,
     /// SQLite's count of changed rows when the guard was taken.
     changes: u64,
+    /// Where the count is published when the guard is given back ([`Store::generation`]).
+    generation: &'a std::sync::atomic::AtomicU64,
 }
 
 impl std::ops::Deref for Conn<'_> {
@@ -200,9 +217,16 @@ impl std::ops::DerefMut for Conn<'_> {
 
 impl Drop for Conn<'_> {
     fn drop(&mut self) {
+        let total = self.guard.total_changes();
+        if total == self.changes {
+            return;
+        }
+        // Published while the mutex is still held (the guard field drops after this body).
+        self.generation
+            .store(total, std::sync::atomic::Ordering::Release);
         // Not inside a transaction a caller left open (nothing is committed yet then), and
         // only when rows changed (a commit, or a statement that committed on its own).
-        if !self.guard.is_autocommit() || self.guard.total_changes() == self.changes {
+        if !self.guard.is_autocommit() {
             return;
         }
         // Reading the schema's first page is a read transaction of the whole file: it takes

@@ -85,6 +85,7 @@ impl Store {
 
     fn new(conn: Connection, path: &Path, lock: File) -> Store {
         Store {
+            generation: std::sync::atomic::AtomicU64::new(conn.total_changes()),
             conn: Mutex::new(conn),
             path: path.to_path_buf(),
             _lock: lock,

@@ -353,3 +353,35 @@ fn a_daemonset_is_gone_only_from_a_cache_that_has_listed_daemonsets() {
     // The all-namespaces list covers every namespace.
     assert!(s.daemonset_gone("other", "ds1").unwrap());
 }
+
+/// `GET /pods` asks for the generation on every request: it must not queue behind a write
+/// that holds the connection (a commit's fsync), and it moves only once the write is given
+/// back.
+#[test]
+fn the_generation_does_not_wait_for_the_connection_and_moves_when_a_write_is_given_back() {
+    let (_d, path) = db();
+    let store = std::sync::Arc::new(Store::open(&path, OpenMode::Normal).unwrap());
+    let before = store.generation();
+    let conn = store.conn();
+    conn.execute(
+        "INSERT INTO sync_cursors (resource, resource_version) VALUES ('x', '1')",
+        [],
+    )
+    .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let other = store.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(other.generation());
+    });
+    let seen = rx.recv_timeout(Duration::from_secs(10));
+    drop(conn);
+    assert_eq!(
+        seen,
+        Ok(before),
+        "read while the connection is held, without waiting, and the write not yet shown"
+    );
+    assert!(
+        store.generation() > before,
+        "moved once the write was given back"
+    );
+}
