@@ -49,7 +49,13 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
     tracing::info!(node = %config.node_name, db = %store.path().display(), "store open");
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
     edgehub::mountns::set_runtime_socket(&config.cri_socket);
-    let cri_health = cri::spawn_monitor(CriClient::new(&config.cri_socket), shutdown_rx.clone());
+    // One CRI connection for everything on the main runtime (the health check, image GC and
+    // import, the upgrade engine, log rotation, the local and node APIs): a channel is a
+    // buffer task with a 32-request block (9 KiB) and, once used, an HTTP/2 connection with
+    // its buffers; seven of them cost the device about 70 KiB for nothing. Calls multiplex as
+    // streams on the one connection. The pod runtime has its own, on its own thread.
+    let cri_client = CriClient::new(&config.cri_socket);
+    let cri_health = cri::spawn_monitor(cri_client.clone(), shutdown_rx.clone());
     let token = listen::read_token(&config.api)?;
     let socket_access = listen::socket_access(&config.api)?;
     let listeners = listen::bind(config.api_addr, &config.api).await?;
@@ -70,11 +76,8 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
     let identity_task = identity.map(|i| tokio::spawn(i.run(shutdown_rx.clone())));
     // Image garbage collection: after each commit and under disk pressure, which the Node
     // reports while it lasts.
-    let (image_gc, image_pressure) = edgehub::images::ImageGc::new(
-        CriClient::new(&config.cri_socket),
-        store.clone(),
-        config.images.gc,
-    );
+    let (image_gc, image_pressure) =
+        edgehub::images::ImageGc::new(cri_client.clone(), store.clone(), config.images.gc);
     let image_gc_stats = image_gc.stats();
     let probe = Arc::new(node::HostProbe {
         data_dir: config.data_dir.clone(),
@@ -91,7 +94,9 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
     // The sync's watch of this Node tells the agent when the cloud overrode its Ready.
     .with_cache(store.clone());
     let node_api_task = match config.node_api.addr {
-        Some(addr) => Some(start_node_api(&config, &client, &store, addr, &shutdown_rx).await?),
+        Some(addr) => {
+            Some(start_node_api(&config, &client, &store, &cri_client, addr, &shutdown_rx).await?)
+        }
         None => None,
     };
     // The pod runtime: runs the cached pods through the CRI, with or without the link. It
@@ -119,7 +124,7 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
         store.clone(),
     );
     let engine = Arc::new(edgehub::upgrade::Engine {
-        cri: Arc::new(CriClient::new(&config.cri_socket)),
+        cri: Arc::new(cri_client.clone()),
         store: store.clone(),
         locks: reconciler.locks.clone(),
         node_name: config.node_name.clone(),
@@ -138,7 +143,7 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
     // No kubelet rotates the containers' logs: edgehub does, as the kubelet would.
     let logs_task = tokio::spawn(
         edgehub::logs::rotate::Manager {
-            cri: Arc::new(CriClient::new(&config.cri_socket)),
+            cri: Arc::new(cri_client.clone()),
             node_name: config.node_name.clone(),
             data_dir: config.data_dir.clone(),
             policy: edgehub::logs::rotate::Policy::from_config(&config.logs),
@@ -165,7 +170,7 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
     );
     // Side-loaded images: what a killed import left goes first, then the drop directory.
     let importer = Arc::new(edgehub::images::Importer::new(
-        CriClient::new(&config.cri_socket),
+        cri_client.clone(),
         store.clone(),
         config.images.clone(),
         &config.node_name,
@@ -195,7 +200,7 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
         socket: socket_access,
         node_name: config.node_name.clone(),
         cri: cri_health,
-        runtime: Some(CriClient::new(&config.cri_socket)),
+        runtime: Some(cri_client.clone()),
         streams: Default::default(),
         images: Some(importer.clone()),
         image_gc: Some(image_gc_stats),
@@ -338,6 +343,7 @@ async fn start_node_api(
     config: &Config,
     client: &edgehub::kube::ApiClient,
     store: &Arc<Store>,
+    cri_client: &CriClient,
     addr: std::net::SocketAddr,
     shutdown: &tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<(tokio::task::JoinHandle<()>, tokio::task::JoinHandle<()>)> {
@@ -369,7 +375,7 @@ async fn start_node_api(
     let api = Arc::new(KubeletApi::new(
         &config.node_api,
         &config.node_name,
-        Some(edgehub::cri::CriClient::new(&config.cri_socket)),
+        Some(cri_client.clone()),
         reviewer,
         store.clone(),
         &config.data_dir,
