@@ -51,9 +51,10 @@ async fn run_async(config: Config, reset_cache: bool) -> anyhow::Result<()> {
     edgehub::mountns::set_runtime_socket(&config.cri_socket);
     // One CRI connection for everything on the main runtime (the health check, image GC and
     // import, the upgrade engine, log rotation, the local and node APIs): a channel is a
-    // buffer task with a 32-request block (9 KiB) and, once used, an HTTP/2 connection with
-    // its buffers; seven of them cost the device about 70 KiB for nothing. Calls multiplex as
-    // streams on the one connection. The pod runtime has its own, on its own thread.
+    // buffer task with a 32-request block (9 KiB, heaptrack) and, once used, an HTTP/2
+    // connection with its buffers, and each of these users had its own: six channels more
+    // than needed. Calls multiplex as streams on the one connection. The pod runtime has its
+    // own, on its own thread.
     let cri_client = CriClient::new(&config.cri_socket);
     let cri_health = cri::spawn_monitor(cri_client.clone(), shutdown_rx.clone());
     let token = listen::read_token(&config.api)?;
